@@ -1,0 +1,229 @@
+"""Training configuration: one dataclass, validated on construction, with a stable digest.
+
+The command line of `python -m reference_impl.train` is generated from the fields of
+[`TrainConfig`][reference_impl.config.TrainConfig]: each field becomes a kebab-case flag
+and its docstring becomes the flag's help text, so the documentation and the CLI cannot
+drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import hashlib
+import inspect
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args, get_type_hints
+
+STRATEGIES = ("ddp", "fsdp")
+MODELS = ("mlp", "transformer")
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A flag or a combination of flags that cannot describe a valid run."""
+
+
+# --8<-- [start:train_config]
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run. Invalid values raise `ConfigError`."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How the model is wrapped when a process group exists: DDP replicates, FSDP2 shards."""
+    model: Literal["mlp", "transformer"] = "mlp"
+    """Which synthetic task and model to train."""
+    max_steps: int = 200
+    """Optimizer steps to run in total, counted across restarts."""
+    micro_batch_size: int = 32
+    """Samples per rank per forward/backward pass."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step; gradients sync only on the last."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Autocast dtype for forward and loss. fp16 adds a GradScaler; bf16 needs none."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """Optimizer. Plain SGD makes parameter-level equivalence tests exact."""
+    lr: float = 3e-3
+    """Peak learning rate, reached after warmup."""
+    min_lr_ratio: float = 0.1
+    """The cosine schedule decays to lr * min_lr_ratio at max_steps."""
+    warmup_steps: int = 10
+    """Linear warmup length in optimizer steps."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    seed: int = 0
+    """Seeds model initialisation, data generation and the sampler's shuffles."""
+    dataset_size: int = 4096
+    """Number of synthetic samples generated from the seed."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+    input_dim: int = 32
+    """MLP: input features."""
+    hidden_dim: int = 128
+    """MLP hidden width and transformer MLP width."""
+    num_classes: int = 10
+    """MLP: output classes."""
+    vocab_size: int = 64
+    """Transformer: vocabulary size."""
+    seq_len: int = 32
+    """Transformer: tokens per training sequence."""
+    d_model: int = 64
+    """Transformer: residual stream width."""
+    n_layers: int = 2
+    """Transformer: number of blocks (the units FSDP shards and checkpointing recomputes)."""
+    n_heads: int = 4
+    """Transformer: attention heads; must divide d_model."""
+    dropout: float = 0.0
+    """Transformer: dropout probability (exercises RNG state on resume)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto picks CUDA + NCCL when a GPU is visible, else CPU + gloo."""
+    pg_timeout_s: float = 120.0
+    """Timeout of every collective; a hung peer fails the job after this long."""
+    log_every: int = 10
+    """Emit a progress event (and sync the device) every this many steps."""
+    checkpoint_dir: str | None = None
+    """Directory for step-NNNNNNNN checkpoints; the newest valid one is resumed."""
+    checkpoint_every: int = 0
+    """Save every this many steps; 0 saves only at the end (when checkpoint_dir is set)."""
+    keep_last: int = 2
+    """Number of published checkpoints to retain."""
+    sample_log: str | None = None
+    """Directory where each rank appends the dataset indices of every committed step."""
+    fail_at_step: int | None = None
+    """Fault injection: fail_rank SIGKILLs itself before this step, on the first attempt only."""
+    fail_rank: int = 0
+    """Fault injection: the rank that kills itself."""
+    world_size: int = 1
+    """Number of processes; read from torchrun's WORLD_SIZE, not a flag."""
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step across all ranks: M x G x world size."""
+        return self.micro_batch_size * self.grad_accum_steps * self.world_size
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of every field: equal in every process and run."""
+        canonical = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+    # --8<-- [end:train_config]
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = _choices(f.name)
+            if choices and getattr(self, f.name) not in choices:
+                _fail(f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
+        for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size",
+                     "input_dim", "hidden_dim", "num_classes", "vocab_size", "seq_len",
+                     "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size"):
+            if getattr(self, name) < 1:
+                _fail(f"{name} must be >= 1 (got {getattr(self, name)})")
+        for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank"):
+            if getattr(self, name) < 0:
+                _fail(f"{name} must be >= 0 (got {getattr(self, name)})")
+        for name in ("lr", "pg_timeout_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                _fail(f"{name} must be a positive finite number (got {value})")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                _fail(f"{name} must be a finite number >= 0 (got {value})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _fail(f"min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+        if not 0.0 <= self.dropout < 1.0:
+            _fail(f"dropout must be in [0, 1) (got {self.dropout})")
+        if self.warmup_steps > self.max_steps:
+            _fail(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
+        if self.d_model % self.n_heads:
+            _fail(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        if self.dataset_size < self.global_batch_size:
+            _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
+                  f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x world_size)")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            _fail("checkpoint_every needs checkpoint_dir")
+        if self.fail_at_step is not None:
+            if not 1 <= self.fail_at_step <= self.max_steps:
+                _fail(f"fail_at_step must be in [1, max_steps] (got {self.fail_at_step})")
+        if self.fail_rank >= self.world_size:
+            _fail(f"fail_rank ({self.fail_rank}) must be < world_size ({self.world_size})")
+
+    @classmethod
+    def from_cli(cls, argv: list[str] | None = None, environ: dict[str, str] | None = None) -> TrainConfig:
+        """Build a config from command-line flags and torchrun's environment.
+
+        Args:
+            argv: Flags without the program name; defaults to `sys.argv[1:]`.
+            environ: Environment to read `WORLD_SIZE` from; defaults to `os.environ`.
+
+        Raises:
+            ConfigError: A flag is unknown, malformed or inconsistent with the others.
+        """
+        environ = os.environ if environ is None else environ
+        namespace = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        values = {k: v for k, v in vars(namespace).items() if v is not None}
+        try:
+            values["world_size"] = int(environ.get("WORLD_SIZE", "1"))
+        except ValueError:
+            _fail(f"WORLD_SIZE must be an integer (got {environ['WORLD_SIZE']!r})")
+        return cls(**values)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one `ConfigError` line instead of usage text."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser generated from the fields of `TrainConfig`."""
+    parser = _Parser(prog="python -m reference_impl.train",
+                     description="Train the reference model with DDP or FSDP2 (run under torchrun).")
+    hints = get_type_hints(TrainConfig)
+    docs = field_docs()
+    for f in fields(TrainConfig):
+        if f.name == "world_size":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        choices = _choices(f.name)
+        kind = {int: int, float: float}.get(_base_type(hints[f.name]), str)
+        parser.add_argument(flag, dest=f.name, type=kind, choices=choices, default=None,
+                            help=f"{docs.get(f.name, '')} (default: {f.default})")
+    return parser
+
+
+def field_docs() -> dict[str, str]:
+    """Map each `TrainConfig` field to the docstring written under it in the source."""
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+            docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+def _base_type(hint: Any) -> Any:
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if args and all(isinstance(a, str) for a in args):
+        return str
+    return args[0] if args else hint
+
+
+def _choices(name: str) -> tuple[str, ...] | None:
+    return {"strategy": STRATEGIES, "model": MODELS, "precision": PRECISIONS,
+            "optimizer": OPTIMIZERS, "device": DEVICES}.get(name)
+
+
+def _fail(message: str) -> None:
+    raise ConfigError(message)

@@ -1,0 +1,107 @@
+"""Rank wiring: one process per device, the backend that fits it, bounded timeouts and
+a teardown that runs on every exit path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job.
+
+    Attributes:
+        rank: Global rank in [0, world_size): picks the data shard and owns the logs.
+        local_rank: Rank within this node: picks the GPU. Differs from `rank` on node 2+.
+        world_size: Number of processes in the job.
+        device: The device this process trains on.
+        backend: "nccl" on CUDA, "gloo" on CPU, "" when no process group was started.
+        restart_count: How many times torchrun has restarted the worker group.
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backend: str = ""
+    restart_count: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the process that writes progress and shared files."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group is up and collectives are available."""
+        return bool(self.backend)
+
+
+def pick_device(preference: str, local_rank: int) -> torch.device:
+    """Return cuda:<local_rank> when CUDA is wanted and present, else the CPU."""
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was requested but no GPU is visible")
+    if preference != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+# --8<-- [start:init_distributed]
+def init_distributed(device: str = "auto", timeout_s: float = 120.0) -> DistContext:
+    """Start the process group described by torchrun's environment, if there is one.
+
+    Plain `python -m ...` (no WORLD_SIZE) runs as a single process without a group.
+    """
+    if "WORLD_SIZE" not in os.environ:
+        return DistContext(device=pick_device(device, 0))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    dev = pick_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # before init, so NCCL binds this rank to its own GPU
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group(
+        backend, store=_attempt_store(restart_count, world_size), rank=rank,
+        world_size=world_size, timeout=timedelta(seconds=timeout_s),
+        device_id=dev if dev.type == "cuda" else None)
+    return DistContext(rank, local_rank, world_size, dev, backend, restart_count)
+
+
+def _attempt_store(restart_count: int, world_size: int) -> dist.Store | None:
+    """A store namespace per restart attempt.
+
+    torchrun's agent keeps one TCPStore for the whole job. Without a per-attempt prefix
+    a restarted rank can read the previous attempt's keys (a dead peer's address) and
+    fail or hang while connecting; see pytorch/pytorch#135712.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # the default env:// rendezvous is fine outside torchrun
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         world_size, is_master=False)
+    return dist.PrefixStore(f"attempt_{restart_count}", base)
+# --8<-- [end:init_distributed]
+
+
+# --8<-- [start:teardown]
+@contextmanager
+def distributed(device: str = "auto", timeout_s: float = 120.0) -> Iterator[DistContext]:
+    """Run a block inside a process group and always destroy the group afterwards.
+
+    Destroying the group on errors too matters: a rank that exits with a live NCCL
+    communicator can leave its peers blocked until their collective timeout.
+    """
+    ctx = init_distributed(device, timeout_s)
+    try:
+        yield ctx
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+# --8<-- [end:teardown]

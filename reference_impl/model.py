@@ -1,0 +1,103 @@
+"""Two small models: an MLP classifier and a causal transformer whose blocks are the
+units that FSDP2 shards and activation checkpointing recomputes."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.config import TrainConfig
+
+
+# --8<-- [start:mlp]
+class MLP(nn.Module):
+    """Three linear layers with GELU: the smallest model where DDP buckets matter."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(input_dim, hidden_dim), nn.GELU(),
+            nn.Linear(hidden_dim, hidden_dim), nn.GELU(),
+            nn.Linear(hidden_dim, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+# --8<-- [end:mlp]
+
+
+# --8<-- [start:transformer]
+class Block(nn.Module):
+    """Pre-norm causal self-attention followed by an MLP, each with a residual."""
+
+    def __init__(self, d_model: int, n_heads: int, hidden_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(b, t, d)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class TinyTransformer(nn.Module):
+    """A decoder-only language model; `blocks` is what parallelize.py wraps."""
+
+    def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int,
+                 n_heads: int, hidden_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, hidden_dim, dropout) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+# --8<-- [end:transformer]
+
+
+def build_model(cfg: TrainConfig) -> nn.Module:
+    """Construct the configured model on the CPU with weights drawn from `cfg.seed`.
+
+    Every rank builds identical weights, which FSDP2 requires (DDP would broadcast them).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        if cfg.model == "mlp":
+            return MLP(cfg.input_dim, cfg.hidden_dim, cfg.num_classes)
+        return TinyTransformer(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
+                               cfg.n_heads, cfg.hidden_dim, cfg.dropout)
+
+
+def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over samples (MLP) or tokens (transformer), computed in fp32."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def flops_per_sample(cfg: TrainConfig) -> float:
+    """Training FLOPs per sample: 6 x (matmul parameters) per token, plus attention.
+
+    The attention term is 12 x n_layers x d_model x seq_len per token (QK^T and AV,
+    forward and backward), the usual dense-transformer accounting.
+    """
+    if cfg.model == "mlp":
+        matmul = cfg.input_dim * cfg.hidden_dim + cfg.hidden_dim ** 2 + cfg.hidden_dim * cfg.num_classes
+        return 6.0 * matmul
+    per_block = 4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.hidden_dim
+    matmul = cfg.n_layers * per_block + cfg.d_model * cfg.vocab_size
+    attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
+    return (6.0 * matmul + attention) * cfg.seq_len

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Install everything the suite needs and run every test.
+# Extra arguments go to pytest, e.g. `scripts/test.sh tests/docs -k codeblocks`.
+EXTRAS=docs,tests,biotech
+source "$(dirname "$0")/env.sh"
+cd "$ROOT"
+# The browser test drives the operating system's Chromium (no browser download).
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null
+fi
+exec "$PY" -m pytest "$@"
