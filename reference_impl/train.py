@@ -89,11 +89,11 @@ def maybe_fail(cfg: TrainConfig, ctx: DistContext, next_step: int) -> None:
 
 
 # --8<-- [start:train_loop]
-def train(cfg: TrainConfig, ctx: DistContext, log: EventLog,
+def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState | None = None,
           on_step: Callable[[TrainState], None] | None = None) -> TrainState:
     """Train to `cfg.max_steps`, emitting progress events, and return the final state."""
     torch.manual_seed(cfg.seed + ctx.rank)  # per-rank stream (dropout); weights are seeded apart
-    state = build_state(cfg, ctx)
+    state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx.rank)
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size,
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),

@@ -1,0 +1,76 @@
+"""Shared launch helpers: every subprocess (and every torchrun job) has a hard timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Run:
+    """A finished subprocess with its JSON events parsed from stdout."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        """All events with this name, in order."""
+        return [e for e in self.events if e.get("event") == name]
+
+    def digest(self) -> str:
+        """The state_digest of the run_complete event (asserts the run completed)."""
+        done = self.of("run_complete")
+        assert done, f"no run_complete (rc={self.returncode})\n{self.stdout[-3000:]}\n{self.stderr[-5000:]}"
+        return done[-1]["state_digest"]
+
+
+def run_command(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
+                cwd: Path | None = None) -> Run:
+    """Run `cmd` in its own process group; kill the whole group if it outlives `timeout`."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, cwd=cwd or REPO, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-5000:]}")
+    events = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return Run(proc.returncode, out, err, time.perf_counter() - t0, events)
+
+
+def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts: int = 0,
+             env: dict[str, str] | None = None, module: str = "reference_impl.train") -> Run:
+    """`torchrun --standalone` on a free port running `module` (or a script path) with `args`."""
+    target = ["-m", module] if not module.endswith(".py") else [module]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts), *target, *args]
+    return run_command(cmd, timeout, env)
+
+
+def python_module(args: list[str], timeout: float = 120, module: str = "reference_impl.train",
+                  env: dict[str, str] | None = None) -> Run:
+    """Run `python -m module args` as a single process."""
+    return run_command([sys.executable, "-m", module, *args], timeout, env)
