@@ -25,6 +25,19 @@ MODELS = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
+FAIL_MODES = ("sigkill", "hang", "crash-mid-write", "crash-before-publish", "write-error")
+SAVE_FAULTS = ("crash-mid-write", "crash-before-publish", "write-error")
+RESUMABLE_PARTS = ("rng", "data", "scheduler", "scaler")
+# Fields that never change what a step computes: they may differ freely on resume. The
+# micro-batch size and accumulation may change as long as the global batch does not
+# (that is how a run moves to another world size).
+OPERATIONAL_FIELDS = ("max_steps", "micro_batch_size", "grad_accum_steps", "num_workers", "device", "pg_timeout_s", "log_every",
+                      "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
+                      "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
+                      "fail_mode", "resume_skip", "world_size")
+# Fields that decide tensor shapes or the data order: no flag can allow changing them.
+STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
+                     "vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "dataset_size", "seed")
 
 
 class ConfigError(ValueError):
@@ -98,10 +111,18 @@ class TrainConfig:
     """Number of published checkpoints to retain."""
     sample_log: str | None = None
     """Directory where each rank appends the dataset indices of every committed step."""
-    fail_at_step: int | None = None
-    """Fault injection: fail_rank SIGKILLs itself before this step, on the first attempt only."""
+    allow_config_change: tuple[str, ...] = ()
+    """Fields that may differ from the checkpoint's config on resume (e.g. lr,warmup_steps)."""
+    step_timeout_s: float = 0.0
+    """Watchdog: fail the job if no step completes for this long; 0 disables it."""
+    fail_at_step: tuple[int, ...] = ()
+    """Fault injection: on restart attempt i, fail at step fail_at_step[i] (comma-separated)."""
     fail_rank: int = 0
-    """Fault injection: the rank that kills itself."""
+    """Fault injection: the rank that fails."""
+    fail_mode: Literal["sigkill", "hang", "crash-mid-write", "crash-before-publish", "write-error"] = "sigkill"
+    """Fault injection: SIGKILL before the step, hang before it, or fail while saving that step."""
+    resume_skip: tuple[str, ...] = ()
+    """Demonstration only: leave these parts out of the restore (rng,data,scheduler,scaler)."""
     world_size: int = 1
     """Number of processes; read from torchrun's WORLD_SIZE, not a flag."""
 
@@ -109,6 +130,17 @@ class TrainConfig:
     def global_batch_size(self) -> int:
         """Samples per optimizer step across all ranks: M x G x world size."""
         return self.micro_batch_size * self.grad_accum_steps * self.world_size
+
+    def is_checkpoint_step(self, step: int) -> bool:
+        """True when the loop saves a checkpoint after `step` (always after the last step)."""
+        if not self.checkpoint_dir:
+            return False
+        return step == self.max_steps or bool(self.checkpoint_every and step % self.checkpoint_every == 0)
+
+    def resume_fields(self) -> dict[str, Any]:
+        """The fields that must match a checkpoint's, plus the global batch size."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in OPERATIONAL_FIELDS}
+        return {**values, "global_batch_size": self.global_batch_size}
 
     def digest(self) -> str:
         """sha256 of the canonical JSON of every field: equal in every process and run."""
@@ -150,9 +182,21 @@ class TrainConfig:
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x world_size)")
         if self.checkpoint_every and not self.checkpoint_dir:
             _fail("checkpoint_every needs checkpoint_dir")
-        if self.fail_at_step is not None:
-            if not 1 <= self.fail_at_step <= self.max_steps:
-                _fail(f"fail_at_step must be in [1, max_steps] (got {self.fail_at_step})")
+        for step in self.fail_at_step:
+            if not 1 <= step <= self.max_steps:
+                _fail(f"fail_at_step must be in [1, max_steps] (got {step})")
+            if self.fail_mode in SAVE_FAULTS and not self.is_checkpoint_step(step):
+                _fail(f"fail_mode {self.fail_mode} needs fail_at_step on a checkpoint step (got {step})")
+        if self.step_timeout_s < 0 or not math.isfinite(self.step_timeout_s):
+            _fail(f"step_timeout_s must be a finite number >= 0 (got {self.step_timeout_s})")
+        for part in self.resume_skip:
+            if part not in RESUMABLE_PARTS:
+                _fail(f"resume_skip entries must be among {', '.join(RESUMABLE_PARTS)} (got {part!r})")
+        for name in self.allow_config_change:
+            if name in STRUCTURAL_FIELDS:
+                _fail(f"{name} decides tensor shapes or the data order and cannot change on resume")
+            if name not in {f.name for f in fields(self)}:
+                _fail(f"allow_config_change names an unknown field {name!r}")
         if self.fail_rank >= self.world_size:
             _fail(f"fail_rank ({self.fail_rank}) must be < world_size ({self.world_size})")
 
@@ -195,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         flag = "--" + f.name.replace("_", "-")
         choices = _choices(f.name)
-        kind = {int: int, float: float}.get(_base_type(hints[f.name]), str)
+        kind = _parse_list(hints[f.name]) or {int: int, float: float}.get(_base_type(hints[f.name]), str)
         parser.add_argument(flag, dest=f.name, type=kind, choices=choices, default=None,
                             help=f"{docs.get(f.name, '')} (default: {f.default})")
     return parser
@@ -213,6 +257,18 @@ def field_docs() -> dict[str, str]:
     return docs
 
 
+def _parse_list(hint: Any) -> Any:
+    """For tuple fields, a parser of comma-separated values; None for other fields."""
+    if getattr(hint, "__origin__", None) is not tuple:
+        return None
+    item = get_args(hint)[0]
+
+    def parse(text: str) -> tuple[Any, ...]:
+        return tuple(item(part) for part in text.split(",") if part.strip())
+    parse.__name__ = f"comma-separated {item.__name__} list"
+    return parse
+
+
 def _base_type(hint: Any) -> Any:
     args = [a for a in get_args(hint) if a is not type(None)]
     if args and all(isinstance(a, str) for a in args):
@@ -222,7 +278,7 @@ def _base_type(hint: Any) -> Any:
 
 def _choices(name: str) -> tuple[str, ...] | None:
     return {"strategy": STRATEGIES, "model": MODELS, "precision": PRECISIONS,
-            "optimizer": OPTIMIZERS, "device": DEVICES}.get(name)
+            "optimizer": OPTIMIZERS, "device": DEVICES, "fail_mode": FAIL_MODES}.get(name)
 
 
 def _fail(message: str) -> None:

@@ -28,12 +28,14 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.current = "startup"  # the phase a failure report names
         self._host: dict[str, float] = defaultdict(float)
         self._events: list[tuple[str, Any, Any]] = []
 
     @contextmanager
     def phase(self, name: str, host: bool = False) -> Iterator[None]:
         """Time the enclosed block under `name`; `host=True` forces the host clock."""
+        self.current = name
         if self.cuda and not host:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -47,3 +47,44 @@ def _update(h: Any, prefix: str, value: Any) -> None:
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     else:
         h.update(f"{prefix}={json.dumps(value, default=str)}".encode())
+
+
+# --8<-- [start:rng_state]
+def rng_state() -> dict[str, Any]:
+    """This rank's Python, NumPy, torch and CUDA generator states as tensors and ints.
+
+    NumPy's state holds an ndarray that `torch.load(weights_only=True)` refuses, so its
+    key array is stored as an int64 tensor and rebuilt on load: no pickled NumPy objects.
+    """
+    import random
+
+    import numpy as np
+
+    version, py_state, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured, exactly."""
+    import random
+
+    import numpy as np
+
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"],
+                         npy["has_gauss"], npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+# --8<-- [end:rng_state]

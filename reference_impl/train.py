@@ -8,11 +8,11 @@ Run it alone on one process, or under torchrun for one process per device:
 from __future__ import annotations
 
 import json
+import math
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +22,12 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 
+from reference_impl.checkpoint import (IncompatibleCheckpoint, check_compatible, newest_manifest,
+                                       record_progress, restore_checkpoint, save_checkpoint)
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, pick_device
+from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import wrap_model
@@ -57,8 +60,11 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     dataset = build_dataset(cfg)
     sampler = ResumableDistributedSampler(len(dataset), world_size=ctx.world_size, rank=ctx.rank,
                                           global_batch_size=cfg.global_batch_size, seed=cfg.seed)
+    # The loader's own generator seeds its workers, so creating an iterator (at an epoch
+    # start, or mid-epoch after a resume) never draws from the global RNG that dropout uses.
     loader = DataLoader(dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
-                        num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda")
+                        num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda",
+                        generator=torch.Generator().manual_seed(cfg.seed + ctx.rank))
     model = wrap_model(build_model(cfg), cfg, ctx)
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),
@@ -66,7 +72,11 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
 
 
 class SampleLog:
-    """Appends, per rank, the dataset indices of every committed optimizer step (JSONL)."""
+    """Appends, per rank, the dataset indices of every committed optimizer step (JSONL).
+
+    After a restore the log is cut back to the restored step, so it always describes the
+    training history the final model actually went through, replays included once.
+    """
 
     def __init__(self, directory: str | None, rank: int) -> None:
         self.path = Path(directory) / f"rank{rank}.jsonl" if directory else None
@@ -80,68 +90,143 @@ class SampleLog:
                 f.write(json.dumps({"step": step, "epoch": epoch,
                                     "indices": torch.cat(indices).tolist()}) + "\n")
 
+    def truncate(self, step: int) -> None:
+        """Drop the entries after `step` (steps that will be trained again)."""
+        if not (self.path and self.path.exists()):
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line and json.loads(line)["step"] <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, self.path)
 
-def maybe_fail(cfg: TrainConfig, ctx: DistContext, next_step: int) -> None:
-    """Fault injection: SIGKILL this rank before `fail_at_step`, on the first attempt only."""
-    if cfg.fail_at_step == next_step and ctx.rank == cfg.fail_rank and ctx.restart_count == 0:
-        sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf outside fp16 (where the GradScaler handles it)."""
+
+
+def check_finite(flag: torch.Tensor, ctx: DistContext, step: int) -> None:
+    """Raise on every rank if any rank saw a non-finite loss since the last check.
+
+    Under fp16 the GradScaler skips steps whose gradients overflow, so the caller does
+    not check there. Elsewhere a NaN would poison the weights: halt before they are
+    written into a checkpoint.
+    """
+    if ctx.distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        raise NonFiniteLoss(f"non-finite loss at or before step {step}; no checkpoint was written "
+                            "for it (lower the learning rate, or check the data)")
+
+
+def step_batches(state: TrainState, cfg: TrainConfig) -> Iterator[Iterator[Sample]]:
+    """For each remaining optimizer step, the iterator its micro-batches come from.
+
+    A new DataLoader iterator starts at every epoch boundary and after a resume; it begins
+    at the sampler's committed position, so a resumed run continues mid-epoch.
+    """
+    per_rank_step = cfg.micro_batch_size * cfg.grad_accum_steps
+    while True:
+        state.sampler.set_epoch(state.step // state.sampler.steps_per_epoch)
+        batches = iter(state.loader)
+        for _ in range(len(state.sampler) // per_rank_step):
+            yield batches
 
 
 # --8<-- [start:train_loop]
 def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState | None = None,
           on_step: Callable[[TrainState], None] | None = None) -> TrainState:
-    """Train to `cfg.max_steps`, emitting progress events, and return the final state."""
+    """Resume if a checkpoint exists, train to `cfg.max_steps`, return the final state."""
     torch.manual_seed(cfg.seed + ctx.rank)  # per-rank stream (dropout); weights are seeded apart
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx.rank)
+    faults = FaultInjector(cfg, ctx)
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size,
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
+    with timer.phase("restore", host=True):
+        if (restored := restore_checkpoint(state, cfg, ctx, log)) is not None:
+            samples.truncate(restored)
+    nonfinite = torch.zeros((), device=ctx.device)  # a device flag: checking it costs no sync
     state.model.train()
-    per_rank_step = cfg.micro_batch_size * cfg.grad_accum_steps
-    while state.step < cfg.max_steps:
-        state.sampler.set_epoch(state.step // state.sampler.steps_per_epoch)
-        batches = iter(state.loader)  # starts at the sampler's committed position
-        for _ in range(len(state.sampler) // per_rank_step):
-            maybe_fail(cfg, ctx, state.step + 1)
-            loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
-                                       state.scaler, cfg, ctx.device, timer)
-            state.sampler.commit(cfg.global_batch_size)  # trained, not merely prefetched
-            state.step += 1
-            meter.add(cfg.global_batch_size)
-            samples.append(state.step, state.sampler.epoch, indices)
-            if on_step:
-                on_step(state)
-            if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
-                if ctx.distributed:  # a log step syncs anyway: report the global mean loss
-                    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-                log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=loss.item(),
-                             lr=state.scheduler.get_last_lr()[0], samples_per_s=round(meter.rate(), 1),
-                             phase_s={k: round(v, 6) for k, v in timer.flush().items()})
-            if state.step == cfg.max_steps:
-                break
-        del batches  # shuts down DataLoader workers before the next epoch starts its own
+    try:
+        with Watchdog(cfg.step_timeout_s, timer, log) as watchdog:
+            for batches in step_batches(state, cfg):
+                if state.step == cfg.max_steps:
+                    break
+                faults.before_step(state.step + 1)
+                loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
+                                           state.scaler, cfg, ctx.device, timer)
+                nonfinite = nonfinite.logical_or(~loss.isfinite()).float()
+                state.sampler.commit(cfg.global_batch_size)  # trained, not merely prefetched
+                state.step += 1
+                meter.add(cfg.global_batch_size)
+                samples.append(state.step, state.sampler.epoch, indices)
+                record_progress(cfg, ctx, state.step)
+                if on_step:
+                    on_step(state)
+                if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
+                    log_step(state, cfg, ctx, log, loss, timer, meter)
+                if cfg.is_checkpoint_step(state.step):
+                    if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
+                        check_finite(nonfinite, ctx, state.step)
+                    with timer.phase("checkpoint", host=True):
+                        save_checkpoint(state, cfg, ctx, log, faults)
+                watchdog.beat()
+    except Exception as exc:  # name the rank, phase and step of any failure, then fail
+        log.error(timer.current, exc, step=state.step)
+        raise
     return state
 # --8<-- [end:train_loop]
+
+
+def log_step(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLog,
+             loss: torch.Tensor, timer: PhaseTimer, meter: Throughput) -> None:
+    """Emit a progress event: the only place a normal step waits for the device."""
+    if ctx.distributed:
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # report the global mean, not rank 0's
+    value = loss.item()
+    if not math.isfinite(value) and cfg.precision != "fp16":
+        raise NonFiniteLoss(f"loss is {value} at step {state.step}; halting before it is checkpointed")
+    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=value,
+                 lr=state.scheduler.get_last_lr()[0], samples_per_s=round(meter.rate(), 1),
+                 phase_s={k: round(v, 6) for k, v in timer.flush().items()})
+
+
+def preflight(cfg: TrainConfig) -> None:
+    """Checks that need no process group: the device exists, the checkpoint fits the config.
+
+    Raises:
+        ConfigError: The device is missing or the newest checkpoint is incompatible.
+    """
+    try:
+        pick_device(cfg.device, 0)
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
+    manifest = newest_manifest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
+    if manifest is not None:
+        try:
+            check_compatible(manifest, cfg)
+        except IncompatibleCheckpoint as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, train inside a process group, print `run_complete`; 2 on a bad flag."""
     try:
         cfg = TrainConfig.from_cli(argv)
-        pick_device(cfg.device, 0)
-    except (ConfigError, RuntimeError) as exc:
+        preflight(cfg)
+    except ConfigError as exc:
         print(f"reference_impl.train: error: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     with distributed(cfg.device, cfg.pg_timeout_s) as ctx:
         log = EventLog(ctx.rank)
+        state = train(cfg, ctx, log)
         try:
-            state = train(cfg, ctx, log)
             digest = state_digest(state.model, state.optimizer)
         except Exception as exc:
-            log.error("train", exc)
+            log.error("state_digest", exc)
             raise
         log.progress("run_complete", step=state.step, state_digest=digest,
                      config_digest=cfg.digest(), wall_s=round(time.perf_counter() - started, 3))
