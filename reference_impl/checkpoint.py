@@ -73,13 +73,19 @@ class _HashingWriter:
 
     def __init__(self, f: BinaryIO, fail_after: int | None) -> None:
         self.f, self.sha, self.size, self.fail_after = f, hashlib.sha256(), 0, fail_after
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
-        if self.fail_after is not None and self.size + len(data) > self.fail_after:
-            raise enospc()
+        try:
+            if self.fail_after is not None and self.size + len(data) > self.fail_after:
+                raise enospc()
+            written = self.f.write(data)
+        except OSError as exc:
+            self.error = exc  # torch.save re-raises it as a bare RuntimeError; keep the errno
+            raise
         self.sha.update(data)
         self.size += len(data)
-        return self.f.write(data)
+        return written
 
     def flush(self) -> None:
         self.f.flush()
@@ -89,7 +95,10 @@ def _write(path: Path, obj: Any, fail_after: int | None = None) -> dict[str, Any
     """torch.save `obj` to `path`, fsync it, return its sha256 and size."""
     with path.open("wb") as f:
         writer = _HashingWriter(f, fail_after)
-        torch.save(obj, writer)  # type: ignore[arg-type]
+        try:
+            torch.save(obj, writer)  # type: ignore[arg-type]
+        except RuntimeError as exc:
+            raise (writer.error or exc) from exc
         f.flush()
         os.fsync(f.fileno())
     return {"sha256": writer.sha.hexdigest(), "bytes": writer.size}

@@ -61,6 +61,8 @@ class TrainConfig:
     """Micro-batches accumulated per optimizer step; gradients sync only on the last."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast dtype for forward and loss. fp16 adds a GradScaler; bf16 needs none."""
+    fp16_init_scale: float = 65536.0
+    """fp16 only: the GradScaler's first loss scale; it halves on every overflow."""
     optimizer: Literal["adamw", "sgd"] = "adamw"
     """Optimizer. Plain SGD makes parameter-level equivalence tests exact."""
     lr: float = 3e-3
@@ -161,7 +163,7 @@ class TrainConfig:
         for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank"):
             if getattr(self, name) < 0:
                 _fail(f"{name} must be >= 0 (got {getattr(self, name)})")
-        for name in ("lr", "pg_timeout_s"):
+        for name in ("lr", "pg_timeout_s", "fp16_init_scale"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 _fail(f"{name} must be a positive finite number (got {value})")

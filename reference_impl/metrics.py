@@ -46,6 +46,7 @@ class PhaseTimer:
             t0 = time.perf_counter()
             yield
             self._host[name] += time.perf_counter() - t0
+        self.current = f"after_{name}"
 
     def flush(self) -> dict[str, float]:
         """Return seconds per phase since the last flush and reset (syncs CUDA once)."""

@@ -27,7 +27,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 def build_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler | None:
     """A GradScaler for fp16 only: bf16 has fp32's exponent range and needs none."""
-    return torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    if cfg.precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type, init_scale=cfg.fp16_init_scale)
 
 
 # --8<-- [start:lr_schedule]

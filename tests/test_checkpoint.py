@@ -1,0 +1,180 @@
+"""The checkpoint contract in one process: verification, fallback, refusal and write errors."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import python_module, run_command
+from reference_impl.checkpoint import CheckpointError, published, verify
+
+FLAGS = ["--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "3", "--warmup-steps", "5",
+         "--log-every", "10", "--micro-batch-size", "8", "--dataset-size", "512"]
+
+
+def train(ckpt: Path, *extra: str) -> "launch.Run":  # noqa: F821
+    return python_module([*FLAGS, "--checkpoint-dir", str(ckpt), *extra], timeout=120)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under root with its sha256: proves a failed start overwrote nothing."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def three_checkpoints(tmp_path: Path) -> Path:
+    """A finished 30-step run with checkpoints at 10, 20, 30; its digest in `digest.txt`."""
+    ckpt = tmp_path / "ckpt"
+    run = train(ckpt)
+    assert run.returncode == 0, run.stderr
+    assert [p.name for p in published(ckpt)] == ["step-00000030", "step-00000020", "step-00000010"]
+    (tmp_path / "digest.txt").write_text(run.digest())
+    return ckpt
+
+
+def rewrite_manifest_entry(ckpt: Path, name: str) -> None:
+    """Make the manifest agree with a replaced file, so only the loader can object."""
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    data = (ckpt / name).read_bytes()
+    manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_published_checkpoints_verify_and_hold_every_part(three_checkpoints: Path) -> None:
+    newest = published(three_checkpoints)[0]
+    manifest = verify(newest)
+    assert set(manifest["files"]) == {"train.pt", "rank-00000.pt"}
+    assert manifest["step"] == 30 and manifest["world_size"] == 1
+    assert manifest["resume_fields"]["global_batch_size"] == 8
+    saved = torch.load(newest / "train.pt", weights_only=True)
+    assert set(saved) == {"step", "model", "optimizer", "scheduler", "scaler", "sampler"}
+    assert saved["sampler"]["consumed"] == 30 * 8
+    rng = torch.load(newest / "rank-00000.pt", weights_only=True)["rng"]
+    assert set(rng) >= {"python", "numpy", "torch"}
+
+
+@pytest.mark.parametrize("damage,reason", [
+    ("truncate", "bytes, the manifest says"),
+    ("bitflip", "fails its sha256 check"),
+    ("no_manifest", "no manifest"),
+])
+def test_damaged_newest_checkpoint_is_skipped_with_its_reason(
+        damage: str, reason: str, three_checkpoints: Path) -> None:
+    newest = three_checkpoints / "step-00000030"
+    target = newest / "train.pt"
+    if damage == "truncate":
+        os.truncate(target, target.stat().st_size // 2)
+    elif damage == "bitflip":
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        target.write_bytes(bytes(data))
+    else:
+        (newest / "manifest.json").unlink()
+    run = train(three_checkpoints)  # same 30 steps: falls back to 20 and replays 21..30
+    skipped = run.of("checkpoint_skipped")
+    assert len(skipped) == 1 and skipped[0]["path"].endswith("step-00000030")
+    assert reason in skipped[0]["reason"]
+    assert run.of("checkpoint_restored")[0]["step"] == 20
+    assert run.digest() == (three_checkpoints.parent / "digest.txt").read_text(), "replay is bit-exact"
+    verify(three_checkpoints / "step-00000030")  # the damaged one was replaced by a valid save
+
+
+class _RunsCode:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_malicious_pickle_is_refused_and_never_executed(three_checkpoints: Path) -> None:
+    marker = three_checkpoints.parent / "code-ran"
+    newest = three_checkpoints / "step-00000030"
+    buffer = io.BytesIO()
+    torch.save({"step": 30, "payload": _RunsCode(str(marker))}, buffer, pickle_module=pickle)
+    (newest / "train.pt").write_bytes(buffer.getvalue())
+    rewrite_manifest_entry(newest, "train.pt")
+    run = train(three_checkpoints, "--max-steps", "40")
+    assert run.returncode == 0, run.stderr
+    assert not marker.exists(), "the pickle's code must never run"
+    assert "refused by the weights-only loader" in run.of("checkpoint_skipped")[0]["reason"]
+    assert run.of("checkpoint_restored")[0]["step"] == 20
+
+
+@pytest.mark.parametrize("flags,field", [
+    (["--hidden-dim", "64"], "hidden_dim"),
+    (["--micro-batch-size", "16"], "global_batch_size"),
+    (["--lr", "0.01"], "lr"),
+    (["--model", "transformer"], "model"),
+])
+def test_an_incompatible_config_exits_2_and_overwrites_nothing(
+        flags: list[str], field: str, three_checkpoints: Path) -> None:
+    before = snapshot(three_checkpoints)
+    run = train(three_checkpoints, "--max-steps", "40", *flags)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{field}: checkpoint" in lines[0] and "incompatible" in lines[0]
+    assert snapshot(three_checkpoints) == before
+
+
+def test_a_documented_flag_allows_a_deliberate_change(three_checkpoints: Path) -> None:
+    run = train(three_checkpoints, "--max-steps", "40", "--lr", "0.01", "--allow-config-change", "lr")
+    assert run.returncode == 0, run.stderr
+    assert run.of("checkpoint_restored")[0]["step"] == 30
+    assert run.of("step")[-1]["lr"] < 0.01
+
+
+def test_shape_fields_cannot_be_allowed_to_change() -> None:
+    run = python_module(["--allow-config-change", "hidden_dim"], timeout=60)
+    assert run.returncode == 2 and "cannot change on resume" in run.stderr
+
+
+def test_injected_enospc_stops_with_a_clear_error_and_keeps_earlier_checkpoints(tmp_path: Path) -> None:
+    run = train(tmp_path, "--fail-mode", "write-error", "--fail-at-step", "20")
+    assert run.returncode != 0
+    error = run.of("error")[0]
+    assert error["phase"] == "checkpoint" and error["error"] == "CheckpointError"
+    assert "No space left on device" in error["message"] and "step 20" in error["message"]
+    assert [p.name for p in published(tmp_path)] == ["step-00000010"]
+    verify(tmp_path / "step-00000010")
+    resumed = train(tmp_path)
+    assert resumed.of("checkpoint_restored")[0]["step"] == 10 and resumed.returncode == 0
+
+
+def test_a_real_file_size_limit_fails_the_save_and_keeps_earlier_checkpoints(tmp_path: Path) -> None:
+    """The kernel, not an injection, refuses the write (EFBIG): same guarantees."""
+    assert train(tmp_path, "--max-steps", "10").returncode == 0
+    size = (tmp_path / "step-00000010" / "train.pt").stat().st_size
+    limit_kb = size // 1024 // 2  # room for small files, not for a second train.pt
+    cmd = ["bash", "-c", f'ulimit -f {limit_kb}; exec "$0" -m reference_impl.train "$@"', sys.executable,
+           *FLAGS, "--checkpoint-dir", str(tmp_path)]
+    run = run_command(cmd, timeout=120)
+    assert run.returncode != 0
+    assert "File too large" in run.of("error")[0]["message"]
+    assert [p.name for p in published(tmp_path)] == ["step-00000010"]
+    verify(tmp_path / "step-00000010")
+
+
+def test_a_non_finite_loss_halts_before_it_is_checkpointed(tmp_path: Path) -> None:
+    run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0")
+    assert run.returncode != 0
+    error = run.of("error")[0]
+    assert error["error"] == "NonFiniteLoss"
+    assert published(tmp_path) == [], "no checkpoint holds the poisoned weights"
+
+
+def test_unpublished_and_foreign_directories_are_never_candidates(tmp_path: Path) -> None:
+    for name in (".tmp-step-00000050", "step-50", "notes", "step-00000007"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in published(tmp_path)] == ["step-00000007"]
+    with pytest.raises(CheckpointError, match="no manifest"):
+        verify(tmp_path / "step-00000007")
