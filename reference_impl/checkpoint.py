@@ -119,7 +119,7 @@ def _barrier(ctx: DistContext) -> None:
 
 # --8<-- [start:checkpoint_save]
 def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLog,
-                    faults: FaultInjector) -> Path:
+                    faults: FaultInjector | None = None) -> Path:
     """Write, verify-by-construction and atomically publish the checkpoint of `state.step`.
 
     Every rank writes its own RNG file; rank 0 writes the replicated training state,
@@ -127,6 +127,7 @@ def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLo
     published checkpoints untouched and raises `CheckpointError`.
     """
     t0 = time.perf_counter()
+    faults = faults or FaultInjector.disabled()
     root = Path(cfg.checkpoint_dir or "")
     tmp, final = root / f".tmp-step-{state.step:08d}", step_dir(root, state.step)
     if ctx.is_main:

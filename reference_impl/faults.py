@@ -29,6 +29,13 @@ class FaultInjector:
         self.step = cfg.fail_at_step[attempt] if armed else None
         self.mode = cfg.fail_mode
 
+    @classmethod
+    def disabled(cls) -> FaultInjector:
+        """An injector that never fires."""
+        injector = cls.__new__(cls)
+        injector.step, injector.mode = None, "sigkill"
+        return injector
+
     def before_step(self, step: int) -> None:
         """SIGKILL this process, or hang it, before `step` runs."""
         if step != self.step:

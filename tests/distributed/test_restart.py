@@ -91,3 +91,41 @@ def test_each_part_of_the_checkpoint_is_necessary(part: str | None, tmp_path, tm
     assert run.of("checkpoint_restored")[0]["skipped_parts"] == ([part] if part else [])
     same = run.digest() == reference_digest(NECESSARY, tmp_path_factory)
     assert same is (part is None)
+
+
+@pytest.mark.parametrize("mode,rank", [("crash-before-publish", 0), ("crash-mid-write", 1)])
+def test_a_crash_during_a_save_never_leaves_a_checkpoint_restore_picks(
+        mode: str, rank: int, tmp_path, tmp_path_factory) -> None:
+    run = killed_run([], ["--fail-mode", mode, "--fail-at-step", "20", "--fail-rank", str(rank)], str(tmp_path))
+    assert [e["step"] for e in run.of("checkpoint_restored")] == [10], "the torn step-20 save was ignored"
+    assert run.of("checkpoint_skipped") == [], "it was never published, so never even a candidate"
+    assert run.digest() == reference_digest([], tmp_path_factory)
+
+
+def test_a_rank_blocked_in_a_collective_fails_the_job_within_the_timeout(tmp_path) -> None:
+    run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
+                    "--pg-timeout-s", "5", "--checkpoint-dir", str(tmp_path)], timeout=90)
+    assert run.returncode != 0
+    errors = run.of("error")
+    assert errors and errors[0]["rank"] == 0 and errors[0]["phase"] == "backward"
+    assert "Timed out" in errors[0]["message"] and errors[0]["step"] == 4
+
+
+def test_the_watchdog_reports_a_stalled_step_on_every_rank(tmp_path) -> None:
+    run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
+                    "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=90)
+    assert run.returncode != 0
+    by_rank = {e["rank"]: e for e in run.of("error")}
+    assert by_rank[0]["error"] == by_rank[1]["error"] == "StepTimeout"
+    assert by_rank[0]["phase"] == "backward", "rank 0 waits in the gradient all-reduce"
+    assert "Thread" in run.stderr, "faulthandler printed the stacks"
+
+
+@pytest.mark.slow
+def test_soak_ten_consecutive_kill_and_restart_runs_recover_bit_exactly(tmp_path, tmp_path_factory) -> None:
+    expected = reference_digest(["--num-workers", "2"], tmp_path_factory)
+    for attempt in range(10):
+        rank, step = attempt % 2, 11 + attempt * 2  # vary the victim and the point of death
+        run = killed_run(["--num-workers", "2"], ["--fail-at-step", str(step), "--fail-rank", str(rank)],
+                         str(tmp_path / f"run{attempt}"))
+        assert run.digest() == expected, f"soak run {attempt} (rank {rank} killed at {step}) diverged"
