@@ -1,13 +1,16 @@
 """The checkpoint contract: atomic, verified, per-rank, with fallback.
 
-Layout of one checkpoint (DDP)::
+Layout of one checkpoint::
 
     step-00000040/
-        manifest.json   step, epoch, world size, config digest and resume fields,
-                        torch version, and the sha256 and size of every file
-        train.pt        model, optimizer, scheduler, scaler, sampler progress, step
+        manifest.json   step, epoch, world size, layout, config digest and resume
+                        fields, torch version, and the sha256 and size of every file
+        train.pt        scheduler, scaler, sampler progress, step; under DDP also the
+                        (replicated) model and optimizer
         rank-00000.pt   rank 0's RNG state (Python, NumPy, torch, CUDA)
         rank-00001.pt   rank 1's ...
+        dcp/            FSDP only: DCP's sharded model and optimizer, with its own
+                        commit point `.metadata`; restorable at another world size
 
 A checkpoint exists only once its directory has its final name: files are written under
 `.tmp-step-NNNNNNNN/`, fsynced, hashed into the manifest, and the directory is renamed
@@ -21,12 +24,15 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -39,6 +45,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 TRAIN_FILE = "train.pt"
+DCP_DIR = "dcp"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 
@@ -119,63 +126,154 @@ def _barrier(ctx: DistContext) -> None:
 
 # --8<-- [start:checkpoint_save]
 def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLog,
-                    faults: FaultInjector | None = None) -> Path:
-    """Write, verify-by-construction and atomically publish the checkpoint of `state.step`.
+                    faults: FaultInjector | None = None, saver: AsyncSaver | None = None) -> Path:
+    """Write the checkpoint of `state.step` and publish it atomically.
 
-    Every rank writes its own RNG file; rank 0 writes the replicated training state,
-    the manifest, publishes, and applies retention. An error (a full disk) leaves the
-    published checkpoints untouched and raises `CheckpointError`.
+    Every rank writes its own RNG file. Under DDP rank 0 writes the replicated state
+    with `torch.save`; under FSDP every rank writes its shards through DCP, in the
+    background when `saver` is given. Rank 0 then writes the manifest and renames the
+    directory into place. An error (a full disk) raises `CheckpointError` and leaves the
+    published checkpoints untouched.
     """
     t0 = time.perf_counter()
     faults = faults or FaultInjector.disabled()
+    if saver:
+        saver.wait()  # one save in flight at a time
     root = Path(cfg.checkpoint_dir or "")
     tmp, final = root / f".tmp-step-{state.step:08d}", step_dir(root, state.step)
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash at this step
         tmp.mkdir(parents=True)
     _barrier(ctx)
-    limit = faults.write_limit(state.step)
+    limit, sharded = faults.write_limit(state.step), cfg.strategy == "fsdp"
     try:
         mine = rank_file(ctx.rank)
-        _write(tmp / mine, {"rank": ctx.rank, "rng": rng_state()}, limit)
+        files = {mine: _write(tmp / mine, {"rank": ctx.rank, "rng": rng_state()}, limit)}
         faults.after_write(state.step, str(tmp / mine))
         if ctx.is_main:
-            _write(tmp / TRAIN_FILE, {
+            files[TRAIN_FILE] = _write(tmp / TRAIN_FILE, {
                 "step": state.step,
-                "model": unwrap(state.model).state_dict(),
-                "optimizer": state.optimizer.state_dict(),
                 "scheduler": state.scheduler.state_dict(),
                 "scaler": state.scaler.state_dict() if state.scaler else None,
                 "sampler": state.sampler.state_dict(),
+                **({} if sharded else {"model": unwrap(state.model).state_dict(),
+                                       "optimizer": state.optimizer.state_dict()}),
             }, limit)
     except OSError as exc:
         raise CheckpointError(f"writing the checkpoint of step {state.step} failed: {exc}; "
                               f"published checkpoints are untouched") from exc
+    files = _gather_files(files, ctx)
+    meta = {"format": FORMAT, "step": state.step, "epoch": state.sampler.epoch,
+            "world_size": ctx.world_size, "layout": "dcp" if sharded else "torch_save",
+            "config_digest": cfg.digest(), "resume_fields": cfg.resume_fields(),
+            "torch_version": torch.__version__}
+    publish = Publication(tmp, final, meta, files, cfg.keep_last, log, faults, t0)
+    if sharded:
+        sharded_state = {"model_optim": _sharded_state(state)}
+        if saver:
+            saver.start(sharded_state, tmp / DCP_DIR, publish if ctx.is_main else None)
+            return final
+        dcp.save(sharded_state, checkpoint_id=tmp / DCP_DIR)
     faults.before_publish(state.step)
-    _barrier(ctx)  # every rank's file is on disk before rank 0 hashes and publishes
+    _barrier(ctx)  # every rank's files are on disk before rank 0 publishes
     if ctx.is_main:
-        files = {p.name: _digest_file(p) for p in sorted(tmp.iterdir())}
-        manifest = {"format": FORMAT, "step": state.step, "epoch": state.sampler.epoch,
-                    "world_size": ctx.world_size, "config_digest": cfg.digest(),
-                    "resume_fields": cfg.resume_fields(), "torch_version": torch.__version__,
-                    "saved_at": time.time(), "files": files}
-        with (tmp / MANIFEST).open("w") as f:
-            json.dump(manifest, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
-        if final.exists():  # only an invalid one can be here: a valid one would have been resumed
-            shutil.rmtree(final)
-        os.rename(tmp, final)  # the commit point
-        _fsync_dir(root)
-        for old in published(root)[cfg.keep_last:]:
-            shutil.rmtree(old, ignore_errors=True)
-        log.emit("checkpoint_saved", step=state.step, path=str(final),
-                 bytes=sum(f["bytes"] for f in files.values()),
-                 save_s=round(time.perf_counter() - t0, 4))
+        publish()
     _barrier(ctx)
     return final
 # --8<-- [end:checkpoint_save]
+
+
+class Publication:
+    """Rank 0's last act of a save: manifest, fsync, atomic rename, retention, event."""
+
+    def __init__(self, tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, Any],
+                 keep_last: int, log: EventLog, faults: FaultInjector, started: float) -> None:
+        self.tmp, self.final, self.meta, self.files = tmp, final, meta, files
+        self.keep_last, self.log, self.faults, self.started = keep_last, log, faults, started
+        self.blocked_s: float | None = None  # set by an async save: how long training waited
+
+    def __call__(self) -> None:
+        self.faults.before_publish(self.meta["step"])
+        files = dict(self.files)
+        for path in sorted((self.tmp / DCP_DIR).rglob("*")) if (self.tmp / DCP_DIR).exists() else []:
+            files[str(path.relative_to(self.tmp))] = _digest_file(path)  # DCP wrote these
+        manifest = {**self.meta, "saved_at": time.time(), "files": files}
+        with (self.tmp / MANIFEST).open("w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.tmp)
+        if self.final.exists():  # only an invalid one can be here: a valid one is resumed
+            shutil.rmtree(self.final)
+        os.rename(self.tmp, self.final)  # the commit point
+        _fsync_dir(self.final.parent)
+        for old in published(self.final.parent)[self.keep_last:]:
+            shutil.rmtree(old, ignore_errors=True)
+        extra = {} if self.blocked_s is None else {"blocked_s": round(self.blocked_s, 4)}
+        self.log.emit("checkpoint_saved", step=self.meta["step"], path=str(self.final),
+                      bytes=sum(f["bytes"] for f in files.values()),
+                      save_s=round(time.perf_counter() - self.started, 4), **extra)
+
+
+class AsyncSaver:
+    """Runs DCP saves in the background on a dedicated gloo group.
+
+    The training collectives keep the default group; sharing it with a background save
+    interleaves two streams of collectives on one communicator, which crashes or hangs.
+    DCP copies (stages) the state before `async_save` returns, so the next optimizer step
+    can safely change the parameters. Rank 0 publishes as soon as the write completes.
+    """
+
+    def __init__(self) -> None:
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self._future: Any = None
+        self._published = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self, state: dict[str, Any], path: Path, publish: Publication | None) -> None:
+        """Begin writing `state` to `path`; `publish` runs (on rank 0) once it is complete."""
+        future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
+        self._published.clear()
+        if publish is None:
+            self._published.set()
+        else:
+            publish.blocked_s = time.perf_counter() - publish.started
+            future.add_done_callback(lambda f: self._publish(f, publish))
+        self._future = future
+
+    def _publish(self, future: Any, publish: Publication) -> None:
+        try:
+            if future.exception() is None:
+                publish()
+        except BaseException as exc:  # surfaced on the training thread by wait()
+            self._error = exc
+        finally:
+            self._published.set()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and published; re-raise errors."""
+        if self._future is None:
+            return
+        future, self._future = self._future, None
+        future.result()
+        self._published.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"publishing an async checkpoint failed: {error}") from error
+
+
+def _sharded_state(state: Any) -> dict[str, Any]:
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+def _gather_files(files: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
+    """Rank 0 collects the name, size and sha256 of every file each rank wrote."""
+    if not ctx.distributed:
+        return files
+    gathered: list[Any] = [None] * ctx.world_size if ctx.is_main else []
+    dist.gather_object(files, gathered if ctx.is_main else None, dst=0)
+    return {k: v for part in gathered for k, v in part.items()} if ctx.is_main else {}
 
 
 def _digest_file(path: Path) -> dict[str, Any]:
@@ -272,7 +370,8 @@ def _choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any]] | None:
         try:
             manifest = verify(path)
             for name in manifest["files"]:
-                load_file(path / name)
+                if name.endswith(".pt"):  # DCP's own files hold no pickles we would load
+                    load_file(path / name)
             return path, manifest
         except CheckpointError as exc:
             log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
@@ -298,8 +397,14 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
     check_compatible(manifest, cfg)
     saved = load_file(path / TRAIN_FILE)
     skip = set(cfg.resume_skip)
-    unwrap(state.model).load_state_dict(saved["model"])
-    state.optimizer.load_state_dict(saved["optimizer"])
+    if manifest["layout"] == "dcp":  # reshards: the saved world size may differ from ours
+        sharded = {"model_optim": _sharded_state(state)}
+        dcp.load(sharded, checkpoint_id=path / DCP_DIR)
+        set_state_dict(state.model, state.optimizer, model_state_dict=sharded["model_optim"]["model"],
+                       optim_state_dict=sharded["model_optim"]["optim"])
+    else:
+        unwrap(state.model).load_state_dict(saved["model"])
+        state.optimizer.load_state_dict(saved["optimizer"])
     if "scheduler" not in skip:
         state.scheduler.load_state_dict(saved["scheduler"])
     if state.scaler and saved["scaler"] and "scaler" not in skip:

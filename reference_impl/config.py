@@ -31,8 +31,9 @@ RESUMABLE_PARTS = ("rng", "data", "scheduler", "scaler")
 # Fields that never change what a step computes: they may differ freely on resume. The
 # micro-batch size and accumulation may change as long as the global batch does not
 # (that is how a run moves to another world size).
-OPERATIONAL_FIELDS = ("max_steps", "micro_batch_size", "grad_accum_steps", "num_workers", "device", "pg_timeout_s", "log_every",
-                      "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
+OPERATIONAL_FIELDS = ("max_steps", "micro_batch_size", "grad_accum_steps", "num_workers", "device",
+                      "pg_timeout_s", "log_every", "activation_checkpointing", "fsdp_grad_sync",
+                      "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size")
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
@@ -99,6 +100,13 @@ class TrainConfig:
     """Transformer: attention heads; must divide d_model."""
     dropout: float = 0.0
     """Transformer: dropout probability (exercises RNG state on resume)."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block in the backward pass instead of storing activations."""
+    fsdp_grad_sync: Literal["last", "every"] = "last"
+    """FSDP with accumulation: reduce-scatter on the last micro-batch only (less traffic,
+    unsharded gradients held in memory) or on every micro-batch (sharded, more traffic)."""
+    async_checkpoint: bool = False
+    """FSDP: write checkpoints in the background on a separate gloo group."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto picks CUDA + NCCL when a GPU is visible, else CPU + gloo."""
     pg_timeout_s: float = 120.0
@@ -182,6 +190,12 @@ class TrainConfig:
         if self.dataset_size < self.global_batch_size:
             _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x world_size)")
+        if self.activation_checkpointing and self.model != "transformer":
+            _fail("activation_checkpointing needs --model transformer (it recomputes blocks)")
+        if self.fsdp_grad_sync == "every" and self.strategy != "fsdp":
+            _fail("fsdp_grad_sync every needs --strategy fsdp (DDP always syncs on the last micro-batch)")
+        if self.async_checkpoint and self.strategy != "fsdp":
+            _fail("async_checkpoint needs --strategy fsdp (DDP checkpoints are written with torch.save)")
         if self.checkpoint_every and not self.checkpoint_dir:
             _fail("checkpoint_every needs checkpoint_dir")
         for step in self.fail_at_step:
@@ -241,9 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         flag = "--" + f.name.replace("_", "-")
         choices = _choices(f.name)
+        help_text = f"{docs.get(f.name, '')} (default: {f.default})"
+        if hints[f.name] is bool:
+            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
+            continue
         kind = _parse_list(hints[f.name]) or {int: int, float: float}.get(_base_type(hints[f.name]), str)
-        parser.add_argument(flag, dest=f.name, type=kind, choices=choices, default=None,
-                            help=f"{docs.get(f.name, '')} (default: {f.default})")
+        parser.add_argument(flag, dest=f.name, type=kind, choices=choices, default=None, help=help_text)
     return parser
 
 
@@ -280,7 +297,8 @@ def _base_type(hint: Any) -> Any:
 
 def _choices(name: str) -> tuple[str, ...] | None:
     return {"strategy": STRATEGIES, "model": MODELS, "precision": PRECISIONS,
-            "optimizer": OPTIMIZERS, "device": DEVICES, "fail_mode": FAIL_MODES}.get(name)
+            "optimizer": OPTIMIZERS, "device": DEVICES, "fail_mode": FAIL_MODES,
+            "fsdp_grad_sync": ("last", "every")}.get(name)
 
 
 def _fail(message: str) -> None:

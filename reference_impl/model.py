@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from reference_impl.config import TrainConfig
 
@@ -61,11 +62,17 @@ class TinyTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(d_model, n_heads, hidden_dim, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
+        self.checkpoint_blocks = False  # set by parallel.wrap_model for --activation-checkpointing
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]
         for block in self.blocks:
-            x = block(x)
+            if self.checkpoint_blocks and self.training:
+                # Keep only the block's input; recompute its activations during backward.
+                # Non-reentrant: works with FSDP2 hooks and restores the RNG for dropout.
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         return self.head(self.norm(x))
 # --8<-- [end:transformer]
 

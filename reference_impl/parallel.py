@@ -19,6 +19,8 @@ from reference_impl.distributed import DistContext
 def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext) -> nn.Module:
     """Move the model to its device and wrap it for the configured strategy."""
     model = model.to(ctx.device)
+    if cfg.activation_checkpointing:
+        model.checkpoint_blocks = True
     if not ctx.distributed:
         return model
     if cfg.strategy == "ddp":
@@ -43,7 +45,7 @@ def gradient_sync(model: nn.Module, enabled: bool) -> AbstractContextManager[Non
 
     Under DDP this is `no_sync()`. Under FSDP2 skipping the reduce-scatter keeps
     unsharded gradients on every rank until the last micro-batch: less communication,
-    more memory.
+    more memory (`--fsdp-grad-sync every` passes `enabled=True` on every micro-batch).
     """
     if enabled:
         return _fsdp_sync(model, True) if isinstance(model, FSDPModule) else nullcontext()

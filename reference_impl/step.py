@@ -66,7 +66,7 @@ def train_step(model: nn.Module, batches: Iterator[Sample], optimizer: torch.opt
         with timer.phase("h2d"):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         # Only the last micro-batch all-reduces; the others accumulate locally.
-        with gradient_sync(model, enabled=micro == accum - 1):
+        with gradient_sync(model, enabled=micro == accum - 1 or cfg.fsdp_grad_sync == "every"):
             with timer.phase("forward"), torch.autocast(
                     device.type, dtype=AUTOCAST_DTYPES.get(cfg.precision), enabled=cfg.precision != "fp32"):
                 # Dividing by accum makes the summed gradients the mean over the global batch.

@@ -22,8 +22,9 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 
-from reference_impl.checkpoint import (IncompatibleCheckpoint, check_compatible, newest_manifest,
-                                       record_progress, restore_checkpoint, save_checkpoint)
+from reference_impl.checkpoint import (AsyncSaver, IncompatibleCheckpoint, check_compatible,
+                                       newest_manifest, record_progress, restore_checkpoint,
+                                       save_checkpoint)
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, pick_device
@@ -140,7 +141,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     torch.manual_seed(cfg.seed + ctx.rank)  # per-rank stream (dropout); weights are seeded apart
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx.rank)
-    faults = FaultInjector(cfg, ctx)
+    faults, saver = FaultInjector(cfg, ctx), AsyncSaver() if cfg.async_checkpoint else None
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size,
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
@@ -171,8 +172,10 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                     if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
                         check_finite(nonfinite, ctx, state.step)
                     with timer.phase("checkpoint", host=True):
-                        save_checkpoint(state, cfg, ctx, log, faults)
+                        save_checkpoint(state, cfg, ctx, log, faults, saver)
                 watchdog.beat()
+            if saver:
+                saver.wait()  # the last checkpoint is published before the run reports success
     except Exception as exc:  # name the rank, phase and step of any failure, then fail
         log.error(timer.current, exc, step=state.step)
         raise
