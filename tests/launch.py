@@ -48,8 +48,7 @@ def run_command(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        out, err = _kill_tree(proc)
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-5000:]}")
     events = []
     for line in out.splitlines():
@@ -59,6 +58,42 @@ def run_command(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
             except json.JSONDecodeError:
                 pass
     return Run(proc.returncode, out, err, time.perf_counter() - t0, events)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of `root` (torchrun puts its workers in their own sessions,
+    so killing the launcher's process group alone would leave them running)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, ppid in parents.items() if ppid in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGKILL the launcher, its group and all its descendants; return what they printed."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        return "", "(output lost: a process outside the tree still holds the pipes)"
 
 
 def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts: int = 0,

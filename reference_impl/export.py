@@ -1,0 +1,71 @@
+"""Export the newest valid checkpoint as one consolidated, weights-only model file.
+
+    python -m reference_impl.export CHECKPOINT_DIR OUT.pt
+
+The output holds `{"model": state_dict, "step": N, "resume_fields": {...}}` with full
+(unsharded) tensors, so it loads into a plain `nn.Module` outside FSDP and outside any
+process group, with `torch.load(OUT, weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from reference_impl.checkpoint import DCP_DIR, TRAIN_FILE, CheckpointError, load_file, published, verify
+
+
+def consolidated_model(path: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The full model state dict of one verified checkpoint, whatever its layout."""
+    if manifest["layout"] == "torch_save":
+        return load_file(path / TRAIN_FILE)["model"]
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        merged = Path(scratch) / "merged.pt"
+        dcp_to_torch_save(path / DCP_DIR, merged)  # gathers every shard into full tensors
+        return load_file(merged)["model_optim"]["model"]
+
+
+def export(checkpoint_dir: Path, out: Path) -> Path:
+    """Write the newest valid checkpoint's model to `out` atomically and return its source.
+
+    Raises:
+        CheckpointError: No published checkpoint verifies.
+    """
+    for path in published(checkpoint_dir):
+        try:
+            manifest = verify(path)
+        except CheckpointError:
+            continue
+        payload = {"model": consolidated_model(path, manifest), "step": manifest["step"],
+                   "resume_fields": manifest["resume_fields"]}
+        tmp = out.with_name(f".{out.name}.tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, out)
+        return path
+    raise CheckpointError(f"no valid checkpoint under {checkpoint_dir}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; exits 2 when there is nothing valid to export."""
+    parser = argparse.ArgumentParser(prog="python -m reference_impl.export", description=__doc__.split("\n")[0])
+    parser.add_argument("checkpoint_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        source = export(args.checkpoint_dir, args.out)
+    except CheckpointError as exc:
+        print(f"reference_impl.export: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"exported {source} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

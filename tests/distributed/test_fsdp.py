@@ -1,0 +1,125 @@
+"""FSDP2 under real torchrun (gloo): the math, restart exactness, async saves, resharding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import Run, python_module, torchrun
+from reference_impl.config import TrainConfig
+from reference_impl.data import ResumableDistributedSampler
+from reference_impl.export import export
+from reference_impl.model import build_model
+
+pytestmark = pytest.mark.distributed
+
+FSDP = ["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "512", "--warmup-steps", "2",
+        "--log-every", "1", "--checkpoint-every", "10", "--pg-timeout-s", "60"]
+TWO = ["--micro-batch-size", "8"]   # 2 ranks x 8 = 16 per step
+ONE = ["--micro-batch-size", "16"]  # 1 rank x 16: the same global batch
+
+
+def fsdp_run(tmp: Path, *flags: str, nproc: int = 2, restarts: int = 0, steps: int = 20) -> Run:
+    run = torchrun([*FSDP, *TWO, "--max-steps", str(steps), "--checkpoint-dir", str(tmp), *flags],
+                   nproc=nproc, max_restarts=restarts, timeout=180)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+def losses(run: Run) -> list[float]:
+    return [e["loss"] for e in run.of("step")]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
+    """An uninterrupted 2-rank FSDP run of 20 steps, checkpointed at 10 and 20."""
+    ckpt = tmp_path_factory.mktemp("fsdp_reference")
+    return fsdp_run(ckpt), ckpt
+
+
+def test_fsdp_two_ranks_match_one_process(reference: tuple[Run, Path], tmp_path: Path) -> None:
+    single = python_module([*FSDP, *ONE, "--max-steps", "20", "--checkpoint-dir", str(tmp_path)], timeout=120)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert losses(reference[0]) == pytest.approx(losses(single), abs=1e-6)
+
+
+def test_activation_checkpointing_leaves_the_math_unchanged(reference: tuple[Run, Path], tmp_path: Path) -> None:
+    run = fsdp_run(tmp_path, "--activation-checkpointing")
+    assert losses(run) == pytest.approx(losses(reference[0]), abs=1e-6)
+
+
+def test_sigkill_and_resume_under_fsdp_is_bit_exact(reference: tuple[Run, Path], tmp_path: Path) -> None:
+    run = fsdp_run(tmp_path, "--fail-at-step", "15", "--fail-rank", "1", restarts=1)
+    assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
+    assert run.digest() == reference[0].digest()
+
+
+def restored_digest(ckpt: Path, tmp: Path, *flags: str) -> str:
+    """Digest of the step-10 checkpoint of `ckpt`, restored by a 1-process run (no training)."""
+    copy = tmp / "copy"
+    copy.mkdir(parents=True)
+    (copy / "step-00000010").symlink_to(ckpt / "step-00000010", target_is_directory=True)
+    run = python_module([*FSDP, *ONE, "--max-steps", "10", "--checkpoint-dir", str(copy), *flags], timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.of("checkpoint_restored")[0]["step"] == 10
+    return run.digest()
+
+
+def test_an_async_checkpoint_loads_to_the_same_tensors_as_a_sync_one(
+        reference: tuple[Run, Path], tmp_path: Path) -> None:
+    run = fsdp_run(tmp_path / "async", "--async-checkpoint")
+    saved = run.of("checkpoint_saved")
+    assert [e["step"] for e in saved] == [10, 20] and all("blocked_s" in e for e in saved)
+    assert run.digest() == reference[0].digest()
+    assert restored_digest(tmp_path / "async", tmp_path / "a") == restored_digest(reference[1], tmp_path / "s")
+
+
+def test_a_kill_during_an_async_save_never_publishes_a_torn_checkpoint(
+        reference: tuple[Run, Path], tmp_path: Path) -> None:
+    run = fsdp_run(tmp_path, "--async-checkpoint", "--fail-mode", "crash-before-publish",
+                   "--fail-at-step", "20", "--fail-rank", "0", restarts=1)
+    assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
+    assert run.of("checkpoint_skipped") == []
+    assert run.digest() == reference[0].digest()
+
+
+def test_a_two_rank_checkpoint_restores_on_one_rank_with_equal_state(
+        reference: tuple[Run, Path], tmp_path: Path) -> None:
+    under_torchrun = torchrun([*FSDP, *ONE, "--max-steps", "20", "--checkpoint-dir", str(reference[1])],
+                              nproc=1, timeout=120)
+    plain = python_module([*FSDP, *ONE, "--max-steps", "20", "--checkpoint-dir", str(reference[1])], timeout=120)
+    for run in (under_torchrun, plain):
+        assert run.of("checkpoint_restored")[0]["step"] == 20
+        assert run.digest() == reference[0].digest(), "parameters and Adam state equal bit for bit"
+
+
+def test_every_sample_is_trained_exactly_once_across_a_two_to_one_change(tmp_path: Path) -> None:
+    log = tmp_path / "samples"
+    fsdp_run(tmp_path / "ckpt", "--sample-log", str(log), steps=10)
+    run = python_module([*FSDP, *ONE, "--max-steps", "20", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                         "--sample-log", str(log)], timeout=120)
+    assert run.of("checkpoint_restored")[0]["step"] == 10
+    by_step: dict[int, list[int]] = {}
+    for file in log.glob("rank*.jsonl"):
+        for line in file.read_text().splitlines():
+            entry = json.loads(line)
+            by_step.setdefault(entry["step"], []).extend(entry["indices"])
+    assert sorted(by_step) == list(range(1, 21))
+    trained = [i for step in sorted(by_step) for i in by_step[step]]
+    assert len(trained) == len(set(trained)) == 20 * 16, "no sample twice, none skipped"
+    perm = ResumableDistributedSampler(512, world_size=1, rank=0, global_batch_size=16).epoch_permutation()
+    assert sorted(trained) == sorted(perm[:320].tolist()), "the first 20 global batches of the epoch"
+
+
+def test_export_writes_a_consolidated_weights_only_file(reference: tuple[Run, Path], tmp_path: Path) -> None:
+    out = tmp_path / "model.pt"
+    source = export(reference[1], out)
+    assert source.name == "step-00000020"
+    payload = torch.load(out, weights_only=True)
+    fields = {k: v for k, v in payload["resume_fields"].items() if k != "global_batch_size"}
+    model = build_model(TrainConfig(**fields))
+    model.load_state_dict(payload["model"])  # strict: every key, full shapes
+    assert all(not hasattr(t, "placements") for t in payload["model"].values()), "plain tensors, no DTensor"
