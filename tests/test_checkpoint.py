@@ -178,3 +178,9 @@ def test_unpublished_and_foreign_directories_are_never_candidates(tmp_path: Path
     assert [p.name for p in published(tmp_path)] == ["step-00000007"]
     with pytest.raises(CheckpointError, match="no manifest"):
         verify(tmp_path / "step-00000007")
+
+
+def test_retention_keeps_only_the_last_n(tmp_path: Path) -> None:
+    run = train(tmp_path, "--keep-last", "1")
+    assert [e["step"] for e in run.of("checkpoint_saved")] == [10, 20, 30]
+    assert [p.name for p in published(tmp_path)] == ["step-00000030"]
