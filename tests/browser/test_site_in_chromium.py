@@ -1,0 +1,192 @@
+"""Drive the built handbook in headless Chromium: every diagram renders, nothing errors.
+
+Needs the system Chromium (`apt-get install chromium`, or set CHROMIUM to another binary):
+the test fails, never skips, when it is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-first-run", "--disable-default-apps", "--disable-extensions",
+]
+# Material renders each diagram into a closed shadow root; open it so the SVG can be inspected.
+OPEN_SHADOW_ROOTS = """
+const attach = Element.prototype.attachShadow;
+Element.prototype.attachShadow = function (init) {
+  return attach.call(this, Object.assign({}, init, {mode: "open"}));
+};
+"""
+COUNT_RENDERED = """
+() => Array.from(document.querySelectorAll("div.mermaid")).filter(
+  (host) => host.shadowRoot && host.shadowRoot.querySelector("svg")).length
+"""
+MERMAID_ERRORS = """
+() => Array.from(document.querySelectorAll("div.mermaid")).filter(
+  (host) => host.shadowRoot && /Syntax error|Parse error/i.test(host.shadowRoot.textContent)).length
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(built_site: Path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+         "--directory", str(built_site)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            urllib.request.urlopen(base, timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("http.server did not start")
+            time.sleep(0.1)
+    yield base
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    if proc.poll() is None:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    assert Path(CHROMIUM).is_file(), (
+        f"Chromium not found at {CHROMIUM}: apt-get install -y chromium fonts-liberation "
+        "(or set CHROMIUM to a Chrome/Chromium binary)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+                              timeout=60_000)
+        yield b
+        b.close()
+
+
+class Problems:
+    """Collects page errors, console errors, failed requests and HTTP errors for one page."""
+
+    def __init__(self, page) -> None:
+        self.items: list[str] = []
+        page.on("pageerror", lambda e: self.items.append(f"pageerror: {e}"))
+        page.on("console", lambda m: m.type == "error" and self.items.append(f"console: {m.text}"))
+        page.on("requestfailed", lambda r: self.items.append(f"requestfailed: {r.url} {r.failure}"))
+        page.on("response", lambda r: r.status >= 400 and self.items.append(f"HTTP {r.status}: {r.url}"))
+
+
+def _new_page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(OPEN_SHADOW_ROOTS)
+    # Anything outside the local server counts as a failure: the site must work offline.
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    return context, page
+
+
+def test_every_page_renders_its_diagrams_without_errors(browser, server, built_site: Path):
+    pages = sorted(p for p in built_site.rglob("index.html"))
+    assert len(pages) > 10
+    report, total_diagrams = [], 0
+    context, page = _new_page(browser)
+    try:
+        for html in pages:
+            expected = html.read_text(encoding="utf-8").count('<pre class="mermaid"')
+            total_diagrams += expected
+            url = server + html.parent.relative_to(built_site).as_posix() + "/"
+            url = url.replace("/./", "/")
+            problems = Problems(page)
+            page.goto(url, wait_until="load")
+            if expected:
+                try:
+                    page.wait_for_function(f"() => ({COUNT_RENDERED})() >= {expected}",
+                                           timeout=30_000)
+                except Exception:  # noqa: BLE001 - report below with the count
+                    pass
+                rendered = page.evaluate(COUNT_RENDERED)
+                if rendered < expected:
+                    problems.items.append(f"{rendered} of {expected} diagrams rendered to SVG")
+                if page.evaluate(MERMAID_ERRORS):
+                    problems.items.append("a diagram shows a mermaid syntax error")
+            page.wait_for_timeout(50)
+            report += [f"{url}: {item}" for item in problems.items]
+            page.close()
+            page = context.new_page()
+            page.set_default_timeout(20_000)
+    finally:
+        context.close()
+    assert total_diagrams >= 10, f"only {total_diagrams} diagrams on the whole site"
+    assert not report, "\n".join(report)
+
+
+def test_search_returns_results(browser, server):
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server, wait_until="load")
+        page.click("label.md-search__icon, input.md-search__input")
+        search = page.locator("input.md-search__input")
+        search.click()
+        search.press_sequentially("sampler", delay=30)
+        page.wait_for_selector(".md-search-result__item", timeout=20_000)
+        assert page.locator(".md-search-result__item").count() > 0
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_dark_mode_toggle_switches_the_palette(browser, server):
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server, wait_until="load")
+        scheme = "() => document.body.getAttribute('data-md-color-scheme')"
+        before = page.evaluate(scheme)
+        page.locator("form[data-md-component=palette] label:visible").first.click()
+        page.wait_for_function(f"() => ({scheme})() !== {before!r}", timeout=10_000)
+        after = page.evaluate(scheme)
+        assert {before, after} == {"default", "slate"}
+        background = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+        assert background not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)") or after == "default"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_diagrams_render_after_instant_navigation(browser, server, built_site: Path):
+    """Arriving by a click (Material's instant navigation, no full reload) still renders."""
+    assert '<pre class="mermaid"' not in (built_site / "api" / "index.html").read_text(encoding="utf-8")
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "api/", wait_until="load")
+        page.locator(".md-tabs a", has_text="Foundations").first.click()
+        page.wait_for_url("**/foundations/system-model/", timeout=20_000)
+        page.wait_for_function(f"() => ({COUNT_RENDERED})() >= 1", timeout=30_000)
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)

@@ -1,0 +1,156 @@
+"""Shared helpers for the handbook's tests: snippet expansion, code-block discovery, site build.
+
+The code-block tests, the lint, the link check and the browser test all use this module, so
+each of them sees the Markdown exactly as `mkdocs build` does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+MKDOCS_YML = ROOT / "mkdocs.yml"
+
+# Fences whose language is one of these are executed by the code-block tests.
+EXECUTED_LANGS = {"python", "sh", "bash"}
+# Languages that look runnable: a fence using one of them must be exactly an executed language.
+RUNNABLE_LOOKING = {"python", "py", "python3", "pycon", "ipython", "sh", "bash", "shell", "zsh"}
+SECTION_START = re.compile(r"--8<--\s*\[start:(?P<name>[a-z][-_0-9a-z]*)\]", re.I)
+INCLUDE_LINE = re.compile(r'^\s*-{1,}8<-{1,}\s+"(?P<path>[^"]+?)(?::(?P<section>[a-z][-_0-9a-z]*))?"\s*$', re.I)
+
+
+def markdown_files() -> list[Path]:
+    """Every Markdown page of the handbook, plus the README, in a stable order."""
+    files = sorted(DOCS.rglob("*.md"))
+    readme = ROOT / "README.md"
+    if readme.exists():
+        files.append(readme)
+    return files
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@functools.lru_cache(maxsize=1)
+def snippet_options() -> dict:
+    """The pymdownx.snippets options of mkdocs.yml, resolved exactly as MkDocs resolves them."""
+    from mkdocs.config import load_config
+
+    cfg = load_config(str(MKDOCS_YML))
+    return dict(cfg["mdx_configs"]["pymdownx.snippets"])
+
+
+def expand_snippets(text: str) -> str:
+    """Expand `--8<--` includes in `text` with the site's own snippets preprocessor."""
+    import markdown
+
+    md = markdown.Markdown(extensions=["pymdownx.snippets"],
+                           extension_configs={"pymdownx.snippets": snippet_options()})
+    lines = text.split("\n")
+    return "\n".join(md.preprocessors["snippet"].run(lines))
+
+
+@dataclass
+class DocBlock:
+    """One fenced code block of a page, as pytest-codeblocks' parser found it."""
+
+    path: Path
+    lineno: int
+    info: str
+    code: str
+    marks: list[str] = field(default_factory=list)
+    expected_output: str | None = None
+
+    @property
+    def lang(self) -> str:
+        return self.info.split()[0].lower() if self.info.strip() else ""
+
+    @property
+    def id(self) -> str:
+        return f"{rel(self.path)}:{self.lineno}"
+
+    @property
+    def includes(self) -> list[tuple[str, str | None]]:
+        return [(m["path"], m["section"]) for line in self.code.splitlines()
+                if (m := INCLUDE_LINE.match(line))]
+
+    @property
+    def is_slice(self) -> bool:
+        """True when the block is nothing but snippet includes of reference_impl sections."""
+        lines = [line for line in self.code.splitlines() if line.strip()]
+        return bool(lines) and all(INCLUDE_LINE.match(line) for line in lines) and all(
+            p.startswith("reference_impl/") and p.endswith(".py") and s for p, s in self.includes)
+
+
+def blocks_in(path: Path) -> list[DocBlock]:
+    from pytest_codeblocks import extract_from_buffer
+
+    with open(path, encoding="utf-8") as handle:
+        found = extract_from_buffer(handle)
+    return [DocBlock(path, b.lineno, (b.syntax or "").strip(), b.code, list(b.marks),
+                     b.expected_output) for b in found]
+
+
+def all_blocks() -> list[DocBlock]:
+    return [b for path in markdown_files() for b in blocks_in(path)]
+
+
+def executed_blocks() -> list[DocBlock]:
+    return [b for b in all_blocks() if b.info in EXECUTED_LANGS]
+
+
+# Modules that are scripts made of cells (they run on import): their sections on a page are
+# executed together, in page order, in one namespace, like a notebook.
+SCRIPT_MODULES = {"reference_impl/notebook.py"}
+
+
+def script_module(block: DocBlock) -> str | None:
+    paths = {p for p, _ in block.includes}
+    if block.is_slice and len(paths) == 1 and paths <= SCRIPT_MODULES:
+        return paths.pop()
+    return None
+
+
+def module_name(path: str) -> str:
+    return path[: -len(".py")].replace("/", ".")
+
+
+# ---------------------------------------------------------------- site build (once per process)
+
+@dataclass
+class SiteBuild:
+    returncode: int
+    output: str
+    site_dir: Path
+    seconds: float
+
+
+@functools.lru_cache(maxsize=1)
+def build_site() -> SiteBuild:
+    """Run `mkdocs build --strict` once into a temporary directory and remember the result."""
+    out = Path(tempfile.mkdtemp(prefix="handbook-site-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
+         "-f", str(MKDOCS_YML), "-d", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    return SiteBuild(proc.returncode, proc.stdout + proc.stderr, out, time.perf_counter() - started)
+
+
+def html_pages(site_dir: Path) -> list[Path]:
+    return sorted(p for p in site_dir.rglob("*.html") if p.name != "404.html")

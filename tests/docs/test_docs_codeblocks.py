@@ -1,0 +1,136 @@
+"""Run every python/sh/bash code block of the handbook, after expanding snippets as the build does.
+
+* A block made only of `--8<-- "reference_impl/m.py:section"` lines is a *slice*: the expanded
+  text is executed in a copy of the module's namespace, which proves that what the page shows
+  is valid, self-consistent code of that module (its behaviour is proven by the unit tests).
+* Any other python block runs in a fresh namespace; `<!--pytest-codeblocks:expected-output-->`
+  followed by a fence makes the printed output part of the test.
+* sh/bash blocks run with `bash -euo pipefail` from the repository root, with this
+  interpreter's directory first on PATH.
+
+Run only these tests with:  pytest tests/docs/test_docs_codeblocks.py
+"""
+
+from __future__ import annotations
+
+import __future__
+import contextlib
+import importlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import handbook_docs_support as support
+
+pytestmark = pytest.mark.docs
+
+
+def _params():
+    params = []
+    for block in support.executed_blocks():
+        if support.script_module(block):
+            continue  # run as a chain by test_notebook_cells_run_top_to_bottom
+        marks = [eval(m, {"pytest": pytest, "sys": sys}) for m in block.marks]  # noqa: S307
+        params.append(pytest.param(block, id=block.id, marks=marks))
+    return params
+
+
+@contextlib.contextmanager
+def _isolated_process_state():
+    """Blocks run in this process: undo environment changes and leftover process groups."""
+    saved_env = dict(os.environ)
+    cwd = os.getcwd()
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(cwd)
+
+
+def _run_slice(block: support.DocBlock, code: str) -> None:
+    (path, _section), *_ = block.includes
+    module = importlib.import_module(support.module_name(path))
+    namespace = dict(vars(module))
+    # Compile with the module's own `from __future__ import annotations`, if it has one.
+    flags = __future__.annotations.compiler_flag if namespace.get("annotations") is __future__.annotations else 0
+    exec(compile(code, block.id, "exec", flags=flags, dont_inherit=True), namespace)  # noqa: S102
+
+
+def _run_python(block: support.DocBlock, code: str) -> str:
+    namespace = {"__name__": "__handbook_block__"}
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        exec(compile(code, block.id, "exec"), namespace)  # noqa: S102
+    return buffer.getvalue()
+
+
+def _run_shell(block: support.DocBlock, code: str) -> str:
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=support.ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (
+        f"{block.id}: exit status {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}"
+        f"\n--- stderr\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+@pytest.mark.parametrize("block", _params())
+def test_code_block(block: support.DocBlock) -> None:
+    code = support.expand_snippets(block.code)
+    with _isolated_process_state():
+        if block.lang == "python" and block.is_slice:
+            _run_slice(block, code)
+            output = None
+        elif block.lang == "python":
+            output = _run_python(block, code)
+        else:
+            output = _run_shell(block, code)
+    if block.expected_output is not None:
+        assert output is not None, f"{block.id}: a slice cannot have expected output"
+        assert output.rstrip() == block.expected_output.rstrip(), (
+            f"{block.id}: printed output differs from the page\n--- printed\n{output}"
+            f"--- page\n{block.expected_output}")
+
+
+def _chains():
+    chains: dict[tuple[str, str], list[support.DocBlock]] = {}
+    for block in support.executed_blocks():
+        if module := support.script_module(block):
+            chains.setdefault((support.rel(block.path), module), []).append(block)
+    return [pytest.param(blocks, id=f"{page}:{module}") for (page, module), blocks in chains.items()]
+
+
+@pytest.mark.parametrize("blocks", _chains())
+def test_notebook_cells_run_top_to_bottom(blocks: list[support.DocBlock]) -> None:
+    """A page that walks through a script module shows all of it, in order, and it runs."""
+    (module, _), *_ = blocks[0].includes
+    sections = [s for b in blocks for _, s in b.includes]
+    source = (support.ROOT / module).read_text(encoding="utf-8")
+    defined = [m["name"] for m in support.SECTION_START.finditer(source)]
+    assert sections == defined, f"the page shows {sections}, the module defines {defined}"
+    namespace = {"__name__": "__handbook_notebook__"}
+    with _isolated_process_state():
+        run_id = f"handbook-docs-{os.getpid()}-{time.time_ns()}"
+        os.environ["TORCHELASTIC_RUN_ID"] = run_id
+        buffer = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buffer):
+                for block in blocks:
+                    code = support.expand_snippets(block.code)
+                    exec(compile(code, block.id, "exec", dont_inherit=True), namespace)  # noqa: S102
+        finally:
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"notebook-{run_id}", ignore_errors=True)
+    assert '"run_complete"' in buffer.getvalue()
