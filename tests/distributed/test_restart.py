@@ -122,6 +122,7 @@ def test_the_watchdog_reports_a_stalled_step_on_every_rank(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_soak_ten_consecutive_kill_and_restart_runs_recover_bit_exactly(tmp_path, tmp_path_factory) -> None:
     expected = reference_digest(["--num-workers", "2"], tmp_path_factory)
     for attempt in range(10):
