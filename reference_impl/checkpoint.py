@@ -26,6 +26,7 @@ import re
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -75,6 +76,12 @@ def published(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+# sha256 and file writes both release the GIL: hashing a large chunk on this thread
+# while the caller writes it hides most of the hashing cost behind the I/O.
+_HASHER = ThreadPoolExecutor(1, thread_name_prefix="sha256")
+_OVERLAP_MIN_BYTES = 1 << 20
+
+
 class _HashingWriter:
     """A file wrapper that hashes what it writes, so saving reads nothing back."""
 
@@ -86,11 +93,18 @@ class _HashingWriter:
         try:
             if self.fail_after is not None and self.size + len(data) > self.fail_after:
                 raise enospc()
-            written = self.f.write(data)
+            if len(data) < _OVERLAP_MIN_BYTES:
+                written = self.f.write(data)
+                self.sha.update(data)
+            else:
+                hashed = _HASHER.submit(self.sha.update, data)
+                try:
+                    written = self.f.write(data)
+                finally:
+                    hashed.result()  # chunks are hashed in order: wait before the next one
         except OSError as exc:
             self.error = exc  # torch.save re-raises it as a bare RuntimeError; keep the errno
             raise
-        self.sha.update(data)
         self.size += len(data)
         return written
 
@@ -364,15 +378,27 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig) -> None:
             "allow a deliberate change with --allow-config-change FIELD[,FIELD]")
 
 
-def _choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any]] | None:
-    """Newest checkpoint whose files verify and load safely; report each one skipped."""
+def _choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any], Any] | None:
+    """Newest checkpoint whose files verify and load safely, with its loaded train.pt.
+
+    train.pt is loaded once, while another thread hashes every file; a corrupt file is
+    reported as corrupt even if it also fails to load. Each skipped checkpoint is an event.
+    """
     for path in published(root):
         try:
-            manifest = verify(path)
+            with ThreadPoolExecutor(1) as pool:
+                verified = pool.submit(verify, path)
+                try:
+                    saved, load_error = load_file(path / TRAIN_FILE), None
+                except CheckpointError as exc:
+                    saved, load_error = None, exc
+                manifest = verified.result()
+            if load_error:
+                raise load_error
             for name in manifest["files"]:
-                if name.endswith(".pt"):  # DCP's own files hold no pickles we would load
+                if name.endswith(".pt") and name != TRAIN_FILE:  # DCP's files hold no pickles
                     load_file(path / name)
-            return path, manifest
+            return path, manifest, saved
         except CheckpointError as exc:
             log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
     return None
@@ -388,14 +414,15 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
     if not cfg.checkpoint_dir:
         return None
     t0 = time.perf_counter()
-    choice = [_choose(Path(cfg.checkpoint_dir), log) if ctx.is_main else None]
+    chosen = _choose(Path(cfg.checkpoint_dir), log) if ctx.is_main else None
+    choice = [chosen[:2] if chosen else None]  # broadcast the choice, never the loaded state
     if ctx.distributed:
         dist.broadcast_object_list(choice, src=0)
     if choice[0] is None:
         return None
     path, manifest = choice[0]
     check_compatible(manifest, cfg)
-    saved = load_file(path / TRAIN_FILE)
+    saved = chosen[2] if chosen else load_file(path / TRAIN_FILE)
     skip = set(cfg.resume_skip)
     if manifest["layout"] == "dcp":  # reshards: the saved world size may differ from ours
         sharded = {"model_optim": _sharded_state(state)}
