@@ -27,6 +27,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -238,8 +239,9 @@ class AsyncSaver:
     can safely change the parameters. Rank 0 publishes as soon as the write completes.
     """
 
-    def __init__(self) -> None:
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+    def __init__(self, timeout_s: float = 120.0) -> None:
+        self.group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                      if dist.is_initialized() else None)
         self._future: Any = None
         self._published = threading.Event()
         self._error: BaseException | None = None

@@ -141,7 +141,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     torch.manual_seed(cfg.seed + ctx.rank)  # per-rank stream (dropout); weights are seeded apart
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx.rank)
-    faults, saver = FaultInjector(cfg, ctx), AsyncSaver() if cfg.async_checkpoint else None
+    faults, saver = FaultInjector(cfg, ctx), AsyncSaver(cfg.pg_timeout_s) if cfg.async_checkpoint else None
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size,
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
