@@ -12,6 +12,7 @@ import json
 import os
 import random
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Sampler
+
+from reference_impl.distributed import destroy
 
 
 # --8<-- [start:naive_digest]
@@ -174,9 +177,16 @@ def naive_init() -> None:
 # Spawned workers must be importable (a test module's functions cannot be pickled by
 # `spawn`), so the tests start these with torch.multiprocessing.
 
-def _init_gloo(rank: int, world_size: int, port: int) -> None:
+@contextmanager
+def _gloo_group(rank: int, world_size: int, port: int) -> Iterator[None]:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    clean = False
+    try:
+        yield
+        clean = True
+    finally:
+        destroy(clean)
 
 
 def rank0_rng_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -189,8 +199,7 @@ def rank0_rng_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     from reference_impl.metrics import EventLog
     from reference_impl.train import build_state
 
-    _init_gloo(rank, world_size, port)
-    try:
+    with _gloo_group(rank, world_size, port):
         result = {}
         torch.manual_seed(100 + rank)
         model = nn.Linear(2, 2)
@@ -214,8 +223,6 @@ def rank0_rng_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
         result["ours"] = {"restored_own_stream": torch.equal(torch.get_rng_state(), expected),
                           "draw": torch.rand(4).tolist()}
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
 
 
 def ddp_allreduce_count_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
@@ -224,8 +231,7 @@ def ddp_allreduce_count_worker(rank: int, world_size: int, port: int, out_dir: s
 
     from reference_impl.parallel import gradient_sync
 
-    _init_gloo(rank, world_size, port)
-    try:
+    with _gloo_group(rank, world_size, port):
         result = {}
         for mode in ("naive", "ours"):
             torch.manual_seed(0)
@@ -254,5 +260,3 @@ def ddp_allreduce_count_worker(rank: int, world_size: int, port: int, out_dir: s
                 steps = 1
             result[mode] = {"allreduces": len(calls), "optimizer_steps": steps}
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()

@@ -99,9 +99,25 @@ def distributed(device: str = "auto", timeout_s: float = 120.0) -> Iterator[Dist
     communicator can leave its peers blocked until their collective timeout.
     """
     ctx = init_distributed(device, timeout_s)
+    clean = False
     try:
         yield ctx
+        clean = True
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        destroy(clean)
+
+
+def destroy(clean: bool) -> None:
+    """Destroy the default process group; after a clean run, meet the peers first.
+
+    gloo's worker threads may still be releasing the tensors of finished collectives,
+    which needs the GIL, while the group's destructor waits for those threads with the
+    GIL held: a deadlock. A barrier waits with the GIL released, so the releases finish
+    first. After a failure the peers may be gone, so then there is no barrier.
+    """
+    if not dist.is_initialized():
+        return
+    if clean:
+        dist.barrier()
+    dist.destroy_process_group()
 # --8<-- [end:teardown]

@@ -104,12 +104,10 @@ assert fresh.sampler.state_dict() == sampler.state_dict() and fresh.step == stat
 # --8<-- [start:cell8]
 # Cell 8 - launch and resume: the full loop restores the newest valid checkpoint (step 1
 # here) and trains to max_steps; torchrun --max-restarts reruns exactly this on a crash.
-import torch.distributed as dist
-
+from reference_impl.distributed import destroy
 from reference_impl.train import train
 
 final = train(cfg, ctx, log)
 log.progress("run_complete", step=final.step, state_digest=state_digest(final.model, final.optimizer))
-if dist.is_initialized():
-    dist.destroy_process_group()
+destroy(clean=True)  # barrier, then tear the group down
 # --8<-- [end:cell8]
