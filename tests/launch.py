@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,6 +97,29 @@ def _kill_tree(proc: subprocess.Popen) -> tuple[str, str]:
         return proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         return "", "(output lost: a process outside the tree still holds the pipes)"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(fn: Callable[..., None], args: tuple, nprocs: int = 2, timeout: float = 120) -> None:
+    """torch.multiprocessing.spawn with a deadline: a hung worker is killed, not waited for.
+
+    Plain `mp.spawn(join=True)` has no timeout, and a stuck non-daemon child would also
+    block the interpreter's exit, holding the whole test session hostage.
+    """
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+                process.join(10)
+            pytest.fail(f"spawned {getattr(fn, '__name__', fn)} did not finish within {timeout}s")
 
 
 def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts: int = 0,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from launch import free_port, spawn
 from reference_impl import counterexamples as naive
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
@@ -33,12 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # 1 ------------------------------------------------------------------------------------
@@ -130,7 +123,7 @@ def test_numpy_rng_state_fails_default_torch_load(tmp_path: Path) -> None:
 # 4 ------------------------------------------------------------------------------------
 @pytest.mark.timeout(180)
 def test_rank0_only_rng_gives_every_rank_the_same_stream(tmp_path: Path) -> None:
-    mp.spawn(naive.rank0_rng_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(naive.rank0_rng_worker, (2, free_port(), str(tmp_path)))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["naive"]["restored_own_stream"] is True
     assert r1["naive"]["restored_own_stream"] is False, "rank 1 got rank 0's RNG state"
@@ -198,8 +191,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
 # 6 ------------------------------------------------------------------------------------
 @pytest.mark.timeout(180)
 def test_accumulation_without_no_sync_allreduces_every_micro_batch(tmp_path: Path) -> None:
-    mp.spawn(naive.ddp_allreduce_count_worker, args=(2, _free_port(), str(tmp_path)),
-             nprocs=2, join=True)
+    spawn(naive.ddp_allreduce_count_worker, (2, free_port(), str(tmp_path)))
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["naive"] == {"allreduces": 2, "optimizer_steps": 2}
@@ -292,11 +284,11 @@ def test_missing_scheduler_state_restarts_the_schedule() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="demonstrates the CPU-only failure")
 def test_nccl_default_fails_on_a_cpu_machine() -> None:
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     bad = _python("from reference_impl.counterexamples import naive_init; naive_init()", **env)
     assert bad.returncode != 0 and "nccl" in bad.stderr.lower()
 
-    env["MASTER_PORT"] = str(_free_port())
+    env["MASTER_PORT"] = str(free_port())
     good = _python("""
         from reference_impl.distributed import distributed
         with distributed() as ctx:

@@ -3,7 +3,6 @@ that rendezvous like two nodes (c10d) on this machine and must compute the same 
 
 from __future__ import annotations
 
-import socket
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -18,12 +17,6 @@ FLAGS = ["--max-steps", "6", "--warmup-steps", "0", "--log-every", "3", "--micro
          "--dataset-size", "512", "--num-workers", "2"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def two_agents(args: list[str], timeout: float) -> list[launch.Run]:
     """Two torchrun agents (`--nnodes 2`, one worker each) started together on this machine.
 
@@ -31,7 +24,7 @@ def two_agents(args: list[str], timeout: float) -> list[launch.Run]:
     helper's process group and hard timeout; the threads only let them rendezvous.
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{launch.free_port()}",
            "--rdzv-id", uuid.uuid4().hex, "--max-restarts", "0", "-m", "reference_impl.train", *args]
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(launch.run_command, cmd, timeout) for _ in range(2)]
