@@ -4,8 +4,9 @@
 EXTRAS=docs,tests,biotech
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
-# The browser test drives the operating system's Chromium (no browser download).
-if [ ! -x /usr/bin/chromium ]; then
+# The browser test drives the operating system's Chromium (no browser download);
+# CHROMIUM may point at another Chromium-based browser that is already installed.
+if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null
