@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -16,6 +15,8 @@ from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
+
+from reference_impl.bench import parse_events
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,14 +54,7 @@ def run_command(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
     except subprocess.TimeoutExpired:
         out, err = _kill_tree(proc)
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-3000:]}\n{err[-5000:]}")
-    events = []
-    for line in out.splitlines():
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return Run(proc.returncode, out, err, time.perf_counter() - t0, events)
+    return Run(proc.returncode, out, err, time.perf_counter() - t0, parse_events(out))
 
 
 def _descendants(root: int) -> list[int]:

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import python_module, run_command
+from launch import Run, python_module, run_command
 from reference_impl.checkpoint import CheckpointError, published, verify
 
 FLAGS = ["--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "3", "--warmup-steps", "5",
          "--log-every", "10", "--micro-batch-size", "8", "--dataset-size", "512"]
 
 
-def train(ckpt: Path, *extra: str) -> "launch.Run":  # noqa: F821
+def train(ckpt: Path, *extra: str) -> Run:
     return python_module([*FLAGS, "--checkpoint-dir", str(ckpt), *extra], timeout=120)
 
 

@@ -6,9 +6,11 @@ Each test launches real `torchrun` jobs on gloo. The proof of exactness is the
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from launch import torchrun
+from launch import Run, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -26,7 +28,7 @@ def reference_digest(flags: list[str], tmp_path_factory: pytest.TempPathFactory)
     return _REFERENCES[key]
 
 
-def killed_run(flags: list[str], fault: list[str], ckpt: str, restarts: int = 1) -> "launch.Run":  # noqa: F821
+def killed_run(flags: list[str], fault: list[str], ckpt: str, restarts: int = 1) -> Run:
     run = torchrun([*BASE, *flags, *fault, "--checkpoint-dir", ckpt], max_restarts=restarts, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
@@ -66,7 +68,6 @@ def test_sample_log_shows_every_sample_trained_exactly_once_across_a_restart(tmp
     log = tmp_path / "samples"
     flags = ["--dataset-size", "256", "--sample-log", str(log)]
     killed_run(flags, ["--fail-at-step", "19", "--fail-rank", "1"], str(tmp_path / "ckpt"))
-    import json
     per_step: dict[int, list[int]] = {}
     for rank in (0, 1):
         for line in (log / f"rank{rank}.jsonl").read_text().splitlines():
