@@ -1,22 +1,159 @@
-"""The walkthrough's notebook runs top to bottom, alone and under torchrun."""
+"""The interview trainer (`reference_impl/notebook.py`) is the package trainer, in one file.
+
+The short version is proven to be the long version: with matching settings the two print
+the same loss at every step and the same final `state_digest` (a sha256 over every weight
+and optimizer value), on one process and on two ranks, and a killed rank resumes to the
+digest of the uninterrupted run. The short version runs where the package is absent.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
-from launch import python_module, torchrun
+from launch import REPO, Run, python_module, run_command, torchrun
+
+NOTEBOOK = REPO / "reference_impl" / "notebook.py"
+WITHOUT_PACKAGE = Path(__file__).with_name("without_package.py")
 
 
-def test_notebook_runs_top_to_bottom_on_one_cpu_process() -> None:
-    run = python_module([], module="reference_impl.notebook", timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "backend none" in run.stdout
-    restored = run.of("checkpoint_restored")
-    assert [e["step"] for e in restored] == [1, 1], "cell 7 round-trips, cell 8 resumes from it"
-    assert run.of("run_complete")[-1]["step"] == 40
+def notebook(args: list[str], tmp_path: Path, timeout: float = 120) -> Run:
+    """Run a copy of the file, outside the repository, where `import reference_impl` fails."""
+    script = tmp_path / "interview_trainer.py"
+    shutil.copy(NOTEBOOK, script)
+    return run_command([sys.executable, str(WITHOUT_PACKAGE), str(script), *args], timeout, cwd=tmp_path)
+
+
+def notebook_flags(ckpt: Path, global_batch: int, micro: int = 16, steps: int = 30) -> list[str]:
+    return ["--max-steps", str(steps), "--global-batch-size", str(global_batch),
+            "--micro-batch-size", str(micro), "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "10", "--log-every", "1"]
+
+
+def package_flags(ckpt: Path, global_batch: int, world: int, micro: int = 16, steps: int = 30) -> list[str]:
+    """The package's flags for the notebook's Config defaults (bf16, warmup 5, the MLP)."""
+    return ["--model", "mlp", "--max-steps", str(steps), "--micro-batch-size", str(micro),
+            "--grad-accum-steps", str(global_batch // (micro * world)), "--warmup-steps", "5",
+            "--precision", "bf16", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10",
+            "--log-every", "1"]
+
+
+def losses(run: Run) -> list[tuple[int, float]]:
+    assert run.returncode == 0, run.stderr[-4000:]
+    return [(e["step"], e["loss"]) for e in run.of("step")]
+
+
+def assert_same_run(short: Run, package: Run, steps: int) -> None:
+    ours, theirs = losses(short), losses(package)
+    assert [s for s, _ in ours] == [s for s, _ in theirs] == list(range(1, steps + 1))
+    worst = max(abs(a - b) for (_, a), (_, b) in zip(ours, theirs))
+    assert worst <= 1e-6, f"per-step losses differ by up to {worst}"
+    assert short.digest() == package.digest(), "the final weights and optimizer state differ"
+
+
+def test_imports_only_the_standard_library_torch_and_numpy() -> None:
+    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module}
+    assert roots - sys.stdlib_module_names == {"torch", "numpy"}
+
+
+def test_equals_the_package_on_one_process(tmp_path: Path) -> None:
+    short = notebook(notebook_flags(tmp_path / "short", 32), tmp_path)
+    package = python_module(package_flags(tmp_path / "package", 32, world=1))
+    assert_same_run(short, package, 30)
 
 
 @pytest.mark.distributed
-def test_notebook_runs_under_torchrun_with_two_ranks() -> None:
-    run = torchrun([], module="reference_impl.notebook", timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "rank 1/2 local_rank 1 on cpu backend gloo" in run.stdout
-    assert run.of("run_complete")[-1]["step"] == 40
+def test_equals_the_package_on_two_ranks_under_torchrun(two_rank_reference: dict[str, Run]) -> None:
+    assert_same_run(two_rank_reference["short"], two_rank_reference["package"], 30)
+
+
+@pytest.fixture(scope="module")
+def two_rank_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """Uninterrupted two-rank runs of both trainers (global batch 64: 16 x 2 micro x 2 ranks)."""
+    root = tmp_path_factory.mktemp("two-ranks")
+    return {"short": torchrun(notebook_flags(root / "short", 64), module=str(NOTEBOOK)),
+            "package": torchrun(package_flags(root / "package", 64, world=2))}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_sigkilled_rank_resumes_to_the_uninterrupted_digest(
+        rank: int, tmp_path: Path, two_rank_reference: dict[str, Run]) -> None:
+    run = torchrun([*notebook_flags(tmp_path, 64), "--fail-at-step", "15", "--fail-rank", str(rank)],
+                   module=str(NOTEBOOK), max_restarts=1, timeout=180)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert [e["step"] for e in run.of("checkpoint_restored")] == [10], "resumed from step 10"
+    assert run.digest() == two_rank_reference["short"].digest()
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
+    flags = notebook_flags(tmp_path / "ckpt", 32, steps=20)
+    first = notebook(flags, tmp_path)
+    newest = tmp_path / "ckpt" / "step-00000020" / "train.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit
+    newest.write_bytes(bytes(data))
+    again = notebook(flags, tmp_path)
+    skipped = again.of("checkpoint_skipped")
+    assert len(skipped) == 1 and "step-00000020" in skipped[0]["path"] and "sha256" in skipped[0]["reason"]
+    assert [e["step"] for e in again.of("checkpoint_restored")] == [10]
+    assert again.digest() == first.digest(), "steps 11-20 were retrained to the same state"
+
+
+@pytest.mark.parametrize("damage", ["not json", "[]", '{"step": 20}', "symlink", "escape"])
+def test_an_untrusted_checkpoint_directory_falls_back_without_a_traceback(damage: str, tmp_path: Path) -> None:
+    flags = notebook_flags(tmp_path / "ckpt", 32, steps=20)
+    first = notebook(flags, tmp_path)
+    newest = tmp_path / "ckpt" / "step-00000020"
+    manifest = newest / "manifest.json"
+    if damage == "symlink":
+        shutil.rmtree(newest)
+        newest.symlink_to(tmp_path / "ckpt" / "step-00000010")
+    elif damage == "escape":
+        entry = json.loads(manifest.read_text())
+        entry["files"]["../outside.pt"] = entry["files"]["train.pt"]
+        manifest.write_text(json.dumps(entry))
+    else:
+        manifest.write_text(damage)
+    again = notebook(flags, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Traceback" not in again.stderr
+    assert [e["step"] for e in again.of("checkpoint_restored")] == [10]
+    assert again.digest() == first.digest()
+    assert (tmp_path / "ckpt" / "step-00000010").is_dir(), "the valid checkpoint survives"
+
+
+def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path) -> None:
+    notebook(notebook_flags(tmp_path / "ckpt", 32, steps=10), tmp_path)
+    other = notebook([*notebook_flags(tmp_path / "ckpt", 32, steps=10), "--lr", "0.01"], tmp_path)
+    assert other.returncode != 0 and "another config" in other.stderr
+    assert "Traceback" not in other.stderr
+    assert (tmp_path / "ckpt" / "step-00000010").is_dir(), "nothing was deleted"
+
+
+@pytest.mark.parametrize("flag", [["--max-steps", "0"], ["--precision", "fp8"], ["--global-batch-size", "40"]])
+def test_a_bad_flag_is_one_line_and_exit_status_2(flag: list[str], tmp_path: Path) -> None:
+    run = notebook(flag, tmp_path)
+    assert run.returncode == 2
+    assert len(run.stderr.strip().splitlines()) == 1 and "error" in run.stderr, run.stderr
+
+
+def test_the_walkthrough_line_budget_matches_the_file() -> None:
+    """The page's table counts each cell's lines of code: it must count the file as it is."""
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    counted = [sum(1 for line in m["body"].splitlines() if line.strip() and not line.strip().startswith("#"))
+               for m in re.finditer(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<-- \[end:(?P=name)\]",
+                                    source, re.S | re.M)]
+    page = (REPO / "docs" / "practice" / "notebook-walkthrough.md").read_text(encoding="utf-8")
+    stated = [int(m[1]) for m in re.finditer(r"^\| \d+\. [^|]+\| (\d+) \|", page, re.M)]
+    assert stated == counted, f"the page says {stated}, the file has {counted}"

@@ -121,16 +121,18 @@ def test_notebook_cells_run_top_to_bottom(blocks: list[support.DocBlock]) -> Non
     source = (support.ROOT / module).read_text(encoding="utf-8")
     defined = [m["name"] for m in support.SECTION_START.finditer(source)]
     assert sections == defined, f"the page shows {sections}, the module defines {defined}"
-    namespace = {"__name__": "__handbook_notebook__"}
+    namespace = {"__name__": "__main__"}  # as in a notebook kernel, so the run cell trains
     with _isolated_process_state():
         run_id = f"handbook-docs-{os.getpid()}-{time.time_ns()}"
         os.environ["TORCHELASTIC_RUN_ID"] = run_id
         buffer = io.StringIO()
+        argv, sys.argv = sys.argv, [module]  # the trainer reads flags; pytest's are not for it
         try:
             with contextlib.redirect_stdout(buffer):
                 for block in blocks:
                     code = support.expand_snippets(block.code)
                     exec(compile(code, block.id, "exec", dont_inherit=True), namespace)  # noqa: S102
         finally:
-            shutil.rmtree(Path(tempfile.gettempdir()) / f"notebook-{run_id}", ignore_errors=True)
+            sys.argv = argv
+            shutil.rmtree(Path(tempfile.gettempdir()) / f"interview-{run_id}", ignore_errors=True)
     assert '"run_complete"' in buffer.getvalue()

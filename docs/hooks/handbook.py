@@ -1,0 +1,144 @@
+"""MkDocs hooks: the interview notebook built from the tested module, and install lines.
+
+* `<!-- notebook-links -->` on a page becomes a download link to the notebook generated at
+  build time from `reference_impl/notebook.py` (each `--8<--` section is one cell), and an
+  "Open in Colab" link when the site knows its repository (`repo_url`).
+* `<!-- package-install -->` becomes the one line that installs the package, for pages
+  whose excerpts call into the rest of it.
+
+Run as a script to refresh the committed copy that Colab opens from the repository:
+
+    python docs/hooks/handbook.py
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "reference_impl" / "notebook.py"
+COMMITTED = ROOT / "notebooks" / "interview_trainer.ipynb"  # what Colab opens
+SITE_PATH = "practice/interview_trainer.ipynb"  # what the download link serves
+NOTEBOOK_MARK = "<!-- notebook-links -->"
+INSTALL_MARK = "<!-- package-install -->"
+SECTION = re.compile(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<-- \[end:(?P=name)\]\n",
+                     re.S | re.M)
+MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
+
+INTRO = """# The interview trainer
+
+A data-parallel trainer in the cells you would type in an interview: config, rank wiring,
+data, the resumable sampler, model and DDP, the train step, phase timing, an atomic
+checkpoint, and the resume loop. It needs only `torch` and `numpy`, runs on a CPU in
+seconds, and is the file `reference_impl/notebook.py` of the handbook's repository, whose
+tests prove that it trains exactly like the full package (same loss at every step, same
+final `state_digest`). Run the cells top to bottom; run them again and the second run
+starts afresh in a new checkpoint directory."""
+
+TWO_RANKS = """## Two ranks from this notebook
+
+`torchrun` starts one process per rank from a file, so the first cell writes this
+notebook's code to `interview_trainer.py` and runs it on two CPU ranks (gloo). The
+second runs the same job without a shell, by forking two processes that inherit the
+functions defined above (a spawned process could not import them: they live in no
+module). Both print the same final `state_digest`: one job, launched two ways. On a GPU
+runtime, prefer the file: once CUDA is initialised in this kernel, a forked child cannot use it."""
+
+TORCHRUN_CELL = """lines = !{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2 interview_trainer.py --max-steps 20
+from_torchrun = json.loads([line for line in lines if '"run_complete"' in line][-1])
+print(from_torchrun)"""
+
+LAUNCH_CELL = """from_launch = launch(2, ["--max-steps", "20"])
+assert from_launch["state_digest"] == from_torchrun["state_digest"], "one job, two launchers"
+print(from_launch)"""
+
+
+def _heading(body: str) -> str:
+    """'# Cell 3: data that ... seed.' -> '## Cell 3: data that ... seed'."""
+    first = body.splitlines()[0].removeprefix("# ").strip()
+    return "## " + first.split(". ")[0].rstrip(".")
+
+
+def build_notebook(source: str | None = None) -> dict[str, Any]:
+    """The .ipynb (nbformat 4.5) of the interview trainer: one code cell per section."""
+    source = SOURCE.read_text(encoding="utf-8") if source is None else source
+    cells: list[dict[str, Any]] = [_markdown(INTRO)]
+    for m in SECTION.finditer(source):
+        cells += [_markdown(_heading(m["body"])), _code(m["body"].rstrip("\n"))]
+    script = MARKER_LINE.sub("", source).rstrip("\n")
+    cells += [_markdown(TWO_RANKS), _code("%%writefile interview_trainer.py\n" + script),
+              _code(TORCHRUN_CELL), _code(LAUNCH_CELL)]
+    for index, cell in enumerate(cells):
+        cell["id"] = f"cell-{index:02d}"
+    return {"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": {
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"}}}
+
+
+def notebook_json(source: str | None = None) -> str:
+    return json.dumps(build_notebook(source), indent=1, ensure_ascii=False) + "\n"
+
+
+def _markdown(text: str) -> dict[str, Any]:
+    return {"cell_type": "markdown", "metadata": {}, "source": text.splitlines(keepends=True)}
+
+
+def _code(text: str) -> dict[str, Any]:
+    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+            "source": text.splitlines(keepends=True)}
+
+
+def colab_url(repo_url: str | None) -> str | None:
+    """Colab opens notebooks from GitHub: the committed copy on the main branch."""
+    m = re.match(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?$", repo_url or "")
+    if not m:
+        return None
+    return (f"https://colab.research.google.com/github/{m[1]}/{m[2]}/blob/main/"
+            f"{COMMITTED.relative_to(ROOT).as_posix()}")
+
+
+def install_command(repo_url: str | None) -> str:
+    if repo_url:
+        return f'pip install "git+{repo_url.rstrip("/")}"'
+    return "pip install -e .   # in a clone of this repository"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
+    """Expand the two markers on any page that has them (the all-in-one page included)."""
+    repo_url = config.get("repo_url")
+    if NOTEBOOK_MARK in markdown:
+        # Directory URLs (a/b/) are folders; file URLs (a/b.html) live in their parent.
+        base = page.url if page.url.endswith("/") else posixpath.dirname(page.url)
+        link = posixpath.relpath(SITE_PATH, base.rstrip("/") or ".")
+        colab = colab_url(repo_url)
+        colab_html = (f'<a class="md-button" href="{colab}">Open in Colab</a>' if colab else
+                      '<em>(an "Open in Colab" link appears when the site is built with its repository address)</em>')
+        markdown = markdown.replace(NOTEBOOK_MARK, (
+            f'<p class="handbook-notebook"><a class="md-button md-button--primary" href="{link}" '
+            f'download>Download the notebook (.ipynb)</a> {colab_html}</p>'))
+    if INSTALL_MARK in markdown:
+        markdown = markdown.replace(INSTALL_MARK, (
+            '<div class="handbook-install" markdown>\n\n'
+            "**Package excerpts.** A code block titled with a `reference_impl/...` path is a section "
+            "of that tested module and calls into the rest of it. To run one outside a clone, "
+            f"install the package first (it needs torch and numpy): `{install_command(repo_url)}`\n\n"
+            "</div>"))
+    return markdown
+
+
+def on_post_build(config: Any, **_: Any) -> None:
+    """Write the notebook next to the walkthrough page, freshly generated from the module."""
+    target = Path(config["site_dir"]) / SITE_PATH
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(notebook_json(), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    COMMITTED.parent.mkdir(parents=True, exist_ok=True)
+    COMMITTED.write_text(notebook_json(), encoding="utf-8")
+    print(f"wrote {COMMITTED.relative_to(ROOT)}", file=sys.stderr)
