@@ -1,0 +1,63 @@
+"""Every Markdown table is well formed: each row has its header's columns, and a table ends
+at a blank line (a paragraph glued to a table is swallowed into it as broken rows)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import handbook_docs_support as support
+
+pytestmark = pytest.mark.docs
+
+DELIMITER = re.compile(r"^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def cells(row: str) -> int:
+    """Columns of a table row: pipes outside inline code and not escaped separate cells."""
+    text = re.sub(r"`[^`]*`", "code", row.strip())
+    text = text.replace(r"\|", "")
+    if text.startswith("|"):
+        text = text[1:]
+    if text.endswith("|"):
+        text = text[:-1]
+    return text.count("|") + 1
+
+
+def table_problems(lines: list[str], name: str) -> list[str]:
+    problems, in_fence, i = [], False, 0
+    while i < len(lines):
+        if FENCE.match(lines[i]):
+            in_fence = not in_fence
+        if not in_fence and i + 1 < len(lines) and "|" in lines[i] and DELIMITER.match(lines[i + 1]):
+            width, start = cells(lines[i]), i + 1
+            if cells(lines[i + 1]) != width:
+                problems.append(f"{name}:{i + 2}: delimiter row has {cells(lines[i + 1])} columns, header {width}")
+            i += 2
+            while i < len(lines) and lines[i].strip():
+                if not lines[i].lstrip().startswith("|"):
+                    problems.append(f"{name}:{i + 1}: text glued to the table above (add a blank line)")
+                elif cells(lines[i]) != width:
+                    problems.append(f"{name}:{i + 1}: row has {cells(lines[i])} columns, header has {width}")
+                i += 1
+            assert i > start
+            continue
+        i += 1
+    return problems
+
+
+@pytest.mark.parametrize("page", [pytest.param(p, id=support.rel(p)) for p in support.markdown_files()])
+def test_tables_are_well_formed(page: Path) -> None:
+    problems = table_problems(page.read_text(encoding="utf-8").splitlines(), support.rel(page))
+    assert not problems, "\n".join(problems)
+
+
+def test_the_check_catches_a_glued_paragraph_and_a_short_row() -> None:
+    glued = ["| a | b |", "| --- | --- |", "| 1 | 2 |", "A paragraph that lost its blank line."]
+    short = ["| a | b |", "| --- | --- |", "| 1 |", "", "| `x | y` | z |", "| --- | --- |", "| 1 | 2 |"]
+    assert [p.split(": ", 1)[1] for p in table_problems(glued, "t")] == [
+        "text glued to the table above (add a blank line)"]
+    assert [p.split(": ", 1)[1] for p in table_problems(short, "t")] == ["row has 1 columns, header has 2"]
