@@ -25,11 +25,13 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+# --8<-- [start:build_scaler]
 def build_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler | None:
     """A GradScaler for fp16 only: bf16 has fp32's exponent range and needs none."""
     if cfg.precision != "fp16":
         return None
     return torch.amp.GradScaler(device.type, init_scale=cfg.fp16_init_scale)
+# --8<-- [end:build_scaler]
 
 
 # --8<-- [start:lr_schedule]

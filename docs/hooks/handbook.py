@@ -5,6 +5,8 @@
   "Open in Colab" link when the site knows its repository (`repo_url`).
 * `<!-- package-install -->` becomes the one line that installs the package, for pages
   whose excerpts call into the rest of it.
+* The all-in-one page inlines the other pages with their headings one level down, so its
+  table of contents lists every page and section, and shows each code block only once.
 
 Run as a script to refresh the committed copy that Colab opens from the repository:
 
@@ -29,6 +31,10 @@ INSTALL_MARK = "<!-- package-install -->"
 SECTION = re.compile(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<-- \[end:(?P=name)\]\n",
                      re.S | re.M)
 MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
+ALL_IN_ONE = "reference/all-in-one.md"
+PAGE_INCLUDE = re.compile(r'^--8<-- "(?P<path>docs/[^"]+\.md)"$', re.M)
+FENCE = re.compile(r"^(?P<indent>\s*)(?P<mark>```|~~~)")
+CODE_INCLUDE = re.compile(r'^\s*--8<-- "(?P<target>[^"]+)"\s*$')
 
 INTRO = """# The interview trainer
 
@@ -108,9 +114,57 @@ def install_command(repo_url: str | None) -> str:
     return "pip install -e .   # in a clone of this repository"
 
 
+def assemble_all_in_one(markdown: str) -> str:
+    """Inline every `--8<-- "docs/x.md"` page, headings demoted, repeated code blocks linked."""
+    shown: set[tuple[str, ...]] = set()
+    return PAGE_INCLUDE.sub(
+        lambda m: _plain_code(_show_code_once(_demote_headings(
+            (ROOT / m["path"]).read_text(encoding="utf-8")), shown)), markdown)
+
+
+def _plain_code(text: str) -> str:
+    """Code without syntax colouring: token-by-token highlighting would triple the page's size."""
+    return re.sub(r"^(\s*(?:```|~~~))(?:python|bash|sh|console|yaml|json)\b", r"\1text", text, flags=re.M)
+
+
+def _demote_headings(text: str) -> str:
+    out, fence = [], None
+    for line in text.splitlines():
+        if m := FENCE.match(line):
+            fence = None if fence == m["mark"] else fence or m["mark"]
+        elif fence is None and re.match(r"#{1,5} ", line):
+            line = "#" + line
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _show_code_once(text: str, shown: set[tuple[str, ...]]) -> str:
+    """Replace a fence made only of includes already shown on the page with one line."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        end = next((j for j in range(i + 1, len(lines)) if m and lines[j].strip() == m["mark"]), None)
+        body = [line for line in lines[i + 1:end] if line.strip()] if end else []
+        targets = tuple(CODE_INCLUDE.match(line)["target"] for line in body if CODE_INCLUDE.match(line))
+        if end:
+            if targets and len(targets) == len(body) and targets in shown:
+                names = ", ".join(f"`{t}`" for t in targets)
+                out.append(f"{m['indent']}*The code of {names} is shown earlier on this page.*")
+            else:
+                shown.add(targets)
+                out += lines[i:end + 1]
+            i = end + 1
+            continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out) + "\n"
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
     """Expand the two markers on any page that has them (the all-in-one page included)."""
     repo_url = config.get("repo_url")
+    if page.file.src_uri == ALL_IN_ONE:
+        markdown = assemble_all_in_one(markdown)
     if NOTEBOOK_MARK in markdown:
         # Directory URLs (a/b/) are folders; file URLs (a/b.html) live in their parent.
         base = page.url if page.url.endswith("/") else posixpath.dirname(page.url)
@@ -121,7 +175,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
         markdown = markdown.replace(NOTEBOOK_MARK, (
             f'<p class="handbook-notebook"><a class="md-button md-button--primary" href="{link}" '
             f'download>Download the notebook (.ipynb)</a> {colab_html}</p>'))
-    if INSTALL_MARK in markdown:
+    if INSTALL_MARK in markdown:  # once per page, however many included pages asked for it
+        head, _, tail = markdown.partition(INSTALL_MARK)
+        markdown = head + INSTALL_MARK + tail.replace(INSTALL_MARK, "")
         markdown = markdown.replace(INSTALL_MARK, (
             '<div class="handbook-install" markdown>\n\n'
             "**Package excerpts.** A code block titled with a `reference_impl/...` path is a section "

@@ -1,0 +1,32 @@
+"""The all-in-one page: every page in its table of contents, each code block once, light."""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pytest
+
+import handbook_docs_support as support
+
+pytestmark = pytest.mark.docs
+
+
+def test_the_all_in_one_page_has_a_toc_no_repeated_code_and_stays_small(built_site: Path) -> None:
+    page = (built_site / "reference" / "all-in-one" / "index.html").read_text(encoding="utf-8")
+    assert len(page.encode()) < 400_000, f"{len(page.encode())} bytes"
+    source = (support.DOCS / "reference" / "all-in-one.md").read_text(encoding="utf-8")
+    included = re.findall(r'^--8<-- "(docs/[^"]+\.md)"$', source, re.M)
+    toc = re.search(r'<nav aria-label="Table of contents" class="md-nav md-nav--secondary">(.*?)'
+                    r'<div class="md-content"', page, re.S)
+    assert toc, "the page has a table of contents"
+    toc_text = html.unescape(re.sub(r"<[^>]+>", " ", toc.group(1)))
+    for path in included:
+        title = re.search(r"^# (.+)$", (support.ROOT / path).read_text(encoding="utf-8"), re.M)[1]
+        title = re.sub(r"[`*]", "", title)
+        assert title in toc_text, f"{path}: '{title}' is missing from the table of contents"
+    blocks = [html.unescape(re.sub(r"<[^>]+>", "", b))
+              for b in re.findall(r'<div class="language-\w+ highlight">(.*?)</div>', page, re.S)]
+    repeated = {b[:80] for b in blocks if blocks.count(b) > 1 and len(b) > 200}
+    assert not repeated, f"code shown more than once: {sorted(repeated)}"
