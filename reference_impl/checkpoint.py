@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import threading
 import time
@@ -36,6 +35,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from reference_impl.checkpoint_validate import (DCP_DIR, FORMAT, MANIFEST, TRAIN_FILE, CheckpointError,
+                                                IncompatibleCheckpoint, check_contents, digest_file, member,
+                                                published, rank_file, read_manifest, verify)
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector, enospc
@@ -43,20 +45,7 @@ from reference_impl.metrics import EventLog
 from reference_impl.parallel import unwrap
 from reference_impl.state import rng_state, set_rng_state
 
-FORMAT = 1
-MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
-TRAIN_FILE = "train.pt"
-DCP_DIR = "dcp"
-STEP_DIR = re.compile(r"^step-(\d{8})$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, torn, corrupt, unsafe or cannot be written."""
-
-
-class IncompatibleCheckpoint(CheckpointError):
-    """The checkpoint was written by a run whose step computes something else."""
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -64,17 +53,12 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"step-{step:08d}"
 
 
-def rank_file(rank: int) -> str:
-    """File name of one rank's private state."""
-    return f"rank-{rank:05d}.pt"
-
-
-def published(root: Path) -> list[Path]:
-    """Published checkpoint directories, newest first (temporary ones never match)."""
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
-    return sorted(found, key=lambda p: p.name, reverse=True)
+def remove(path: Path) -> None:
+    """Delete a file, a link (never what it points to) or a directory tree."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # sha256 and file writes both release the GIL: hashing a large chunk on this thread
@@ -211,19 +195,20 @@ class Publication:
         self.faults.before_publish(self.meta["step"])
         files = dict(self.files)
         for path in sorted((self.tmp / DCP_DIR).rglob("*")) if (self.tmp / DCP_DIR).exists() else []:
-            files[str(path.relative_to(self.tmp))] = _digest_file(path)  # DCP wrote these
+            files[str(path.relative_to(self.tmp))] = digest_file(path)  # DCP wrote these
         manifest = {**self.meta, "saved_at": time.time(), "files": files}
         with (self.tmp / MANIFEST).open("w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.tmp)
-        if self.final.exists():  # only an invalid one can be here: a valid one is resumed
-            shutil.rmtree(self.final)
+        # Only an invalid entry can be here (a valid one is resumed); if it is a link,
+        # the link goes and its target stays.
+        remove(self.final)
         os.rename(self.tmp, self.final)  # the commit point
         _fsync_dir(self.final.parent)
         for old in published(self.final.parent)[self.keep_last:]:
-            shutil.rmtree(old, ignore_errors=True)
+            remove(old)
         extra = {} if self.blocked_s is None else {"blocked_s": round(self.blocked_s, 4)}
         self.log.emit("checkpoint_saved", step=self.meta["step"], path=str(self.final),
                       bytes=sum(f["bytes"] for f in files.values()),
@@ -292,40 +277,6 @@ def _gather_files(files: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
     return {k: v for part in gathered for k, v in part.items()} if ctx.is_main else {}
 
 
-def _digest_file(path: Path) -> dict[str, Any]:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            sha.update(chunk)
-    return {"sha256": sha.hexdigest(), "bytes": path.stat().st_size}
-
-
-def verify(path: Path) -> dict[str, Any]:
-    """Return the manifest of `path` if every file it lists is present and intact.
-
-    Raises:
-        CheckpointError: With the reason the checkpoint cannot be used.
-    """
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise CheckpointError("no manifest: the save never completed") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"unreadable manifest: {exc}") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"unknown checkpoint format {manifest.get('format')!r}")
-    for name, expected in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{name} is missing")
-        actual = _digest_file(file)
-        if actual["bytes"] != expected["bytes"]:
-            raise CheckpointError(f"{name} has {actual['bytes']} bytes, the manifest says {expected['bytes']}")
-        if actual["sha256"] != expected["sha256"]:
-            raise CheckpointError(f"{name} fails its sha256 check (corrupt)")
-    return manifest
-
-
 def load_file(path: Path) -> Any:
     """`torch.load` with `weights_only=True`: tensors and plain containers, never code."""
     try:
@@ -354,16 +305,6 @@ def _steps_replayed(root: Path, restored: int) -> int:
     return max(0, reached - restored)
 
 
-def newest_manifest(root: Path) -> dict[str, Any] | None:
-    """The manifest of the newest published checkpoint that has a readable one."""
-    for path in published(root):
-        try:
-            return json.loads((path / MANIFEST).read_text())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def check_compatible(manifest: dict[str, Any], cfg: TrainConfig) -> None:
     """Refuse to resume when a field that decides what a step computes has changed.
 
@@ -380,28 +321,29 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig) -> None:
             "allow a deliberate change with --allow-config-change FIELD[,FIELD]")
 
 
-def _choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any], Any] | None:
-    """Newest checkpoint whose files verify and load safely, with its loaded train.pt.
+def choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any], Any] | None:
+    """Newest checkpoint that validates, verifies and loads safely, with its loaded train.pt.
 
-    train.pt is loaded once, while another thread hashes every file; a corrupt file is
-    reported as corrupt even if it also fails to load. Each skipped checkpoint is an event.
+    The manifest's shape is checked before any other byte is read. Then train.pt is
+    loaded once while another thread hashes every file; a corrupt file is reported as
+    corrupt even if it also fails to load. Each skipped checkpoint is an event.
     """
     for path in published(root):
         try:
+            manifest = read_manifest(path)
             with ThreadPoolExecutor(1) as pool:
                 verified = pool.submit(verify, path)
                 try:
-                    saved, load_error = load_file(path / TRAIN_FILE), None
+                    saved, load_error = load_file(member(path, TRAIN_FILE)), None
                 except CheckpointError as exc:
                     saved, load_error = None, exc
-                manifest = verified.result()
+                verified.result()
             if load_error:
                 raise load_error
-            for name in manifest["files"]:
-                if name.endswith(".pt") and name != TRAIN_FILE:  # DCP's files hold no pickles
-                    load_file(path / name)
+            ranks = [load_file(path / rank_file(r)) for r in range(manifest["world_size"])]
+            check_contents(manifest, saved, ranks)
             return path, manifest, saved
-        except CheckpointError as exc:
+        except (CheckpointError, OSError) as exc:
             log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
     return None
 
@@ -416,7 +358,7 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
     if not cfg.checkpoint_dir:
         return None
     t0 = time.perf_counter()
-    chosen = _choose(Path(cfg.checkpoint_dir), log) if ctx.is_main else None
+    chosen = choose(Path(cfg.checkpoint_dir), log) if ctx.is_main else None
     choice = [chosen[:2] if chosen else None]  # broadcast the choice, never the loaded state
     if ctx.distributed:
         dist.broadcast_object_list(choice, src=0)

@@ -19,37 +19,45 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from reference_impl.checkpoint import DCP_DIR, TRAIN_FILE, CheckpointError, load_file, published, verify
+from reference_impl.checkpoint import choose, load_file
+from reference_impl.checkpoint_validate import DCP_DIR, CheckpointError
+from reference_impl.metrics import EventLog
 
 
-def consolidated_model(path: Path, manifest: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The full model state dict of one verified checkpoint, whatever its layout."""
+def consolidated_model(path: Path, manifest: dict[str, Any], saved: dict[str, Any],
+                       scratch_dir: Path) -> dict[str, torch.Tensor]:
+    """The full model state dict of one verified checkpoint, whatever its layout.
+
+    DCP's shards are merged in a scratch directory under `scratch_dir`, never inside the
+    checkpoint directory (which belongs to the run that writes it).
+    """
     if manifest["layout"] == "torch_save":
-        return load_file(path / TRAIN_FILE)["model"]
-    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        return saved["model"]
+    with tempfile.TemporaryDirectory(dir=scratch_dir, prefix=".export-") as scratch:
         merged = Path(scratch) / "merged.pt"
         dcp_to_torch_save(path / DCP_DIR, merged)  # gathers every shard into full tensors
         return load_file(merged)["model_optim"]["model"]
 
 
-def export(checkpoint_dir: Path, out: Path) -> Path:
+def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path:
     """Write the newest valid checkpoint's model to `out` atomically and return its source.
 
+    The checkpoint is chosen by the same rules as a restore (`checkpoint_skipped` events
+    go to `log`, stderr by default).
+
     Raises:
-        CheckpointError: No published checkpoint verifies.
+        CheckpointError: No published checkpoint is valid.
     """
-    for path in published(checkpoint_dir):
-        try:
-            manifest = verify(path)
-        except CheckpointError:
-            continue
-        payload = {"model": consolidated_model(path, manifest), "step": manifest["step"],
-                   "resume_fields": manifest["resume_fields"]}
-        tmp = out.with_name(f".{out.name}.tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, out)
-        return path
-    raise CheckpointError(f"no valid checkpoint under {checkpoint_dir}")
+    chosen = choose(checkpoint_dir, log or EventLog(0, sys.stderr))
+    if chosen is None:
+        raise CheckpointError(f"no valid checkpoint under {checkpoint_dir}")
+    path, manifest, saved = chosen
+    payload = {"model": consolidated_model(path, manifest, saved, out.parent), "step": manifest["step"],
+               "resume_fields": manifest["resume_fields"]}
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # unique per writer
+    torch.save(payload, tmp)
+    os.replace(tmp, out)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:

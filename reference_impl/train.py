@@ -22,9 +22,9 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 
-from reference_impl.checkpoint import (AsyncSaver, IncompatibleCheckpoint, check_compatible,
-                                       newest_manifest, record_progress, restore_checkpoint,
+from reference_impl.checkpoint import (AsyncSaver, check_compatible, record_progress, restore_checkpoint,
                                        save_checkpoint)
+from reference_impl.checkpoint_validate import IncompatibleCheckpoint, newest_manifest
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, pick_device

@@ -1,0 +1,159 @@
+"""The checkpoint directory is untrusted input: any damage is skipped with a reason.
+
+One small 20-step run (checkpoints at 10 and 20) is made once; each case damages a copy
+of its step-20 directory and checks that the chooser, preflight and export all fall back
+to step 10 without a traceback and without following a link.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from launch import python_module
+from reference_impl.checkpoint import choose
+from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.export import export
+from reference_impl.metrics import EventLog
+from reference_impl.train import preflight
+
+FLAGS = ["--max-steps", "20", "--checkpoint-every", "10", "--keep-last", "3", "--warmup-steps", "2",
+         "--log-every", "10", "--micro-batch-size", "8", "--dataset-size", "256", "--hidden-dim", "32"]
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ckpt = tmp_path_factory.mktemp("pristine") / "ckpt"
+    run = python_module([*FLAGS, "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 0, run.stderr
+    return ckpt
+
+
+def edit_manifest(step: Path, change: Callable[[dict], object]) -> None:
+    manifest = json.loads((step / "manifest.json").read_text())
+    change(manifest)  # mutates in place
+    (step / "manifest.json").write_text(json.dumps(manifest))
+
+
+def relist(step: Path, name: str) -> None:
+    data = (step / name).read_bytes()
+    edit_manifest(step, lambda m: m["files"].__setitem__(
+        name, {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}))
+
+
+def write_text(name: str, text: str) -> Callable[[Path], None]:
+    return lambda step: (step / name).write_text(text)
+
+
+def symlink_dir(step: Path) -> None:
+    target = step.parent.parent / "elsewhere"
+    shutil.move(step, target)
+    step.symlink_to(target, target_is_directory=True)
+
+
+def symlink_file(step: Path) -> None:
+    outside = step.parent.parent / "outside-train.pt"
+    shutil.move(step / "train.pt", outside)
+    (step / "train.pt").symlink_to(outside)  # same bytes, same hash: still refused
+
+
+def rename_dir(step: Path) -> None:
+    step.rename(step.with_name("step-00000015"))
+
+
+def other_step_inside(step: Path) -> None:
+    saved = torch.load(step / "train.pt", weights_only=True)
+    torch.save({**saved, "step": 21}, step / "train.pt")
+    relist(step, "train.pt")
+
+
+def entry(name: str) -> Callable[[Path], None]:
+    return lambda step: edit_manifest(step, lambda m: m["files"].__setitem__(
+        name, {"sha256": "0" * 64, "bytes": 1}))
+
+
+CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "not_json": (write_text("manifest.json", "{not json"), "unreadable manifest"),
+    "a_list": (write_text("manifest.json", "[1, 2]"), "not an object"),
+    "deep_nesting": (write_text("manifest.json", "[" * 100000), "unreadable manifest"),
+    "missing_files_key": (lambda s: edit_manifest(s, lambda m: m.pop("files")), "no 'files'"),
+    "step_is_a_string": (lambda s: edit_manifest(s, lambda m: m.__setitem__("step", "20")), "'step' is invalid"),
+    "files_is_a_list": (lambda s: edit_manifest(s, lambda m: m.__setitem__("files", [])), "'files' is invalid"),
+    "empty_file_list": (lambda s: edit_manifest(s, lambda m: m.__setitem__("files", {})), "'files' is invalid"),
+    "entry_not_a_dict": (lambda s: edit_manifest(s, lambda m: m["files"].__setitem__("train.pt", "x")),
+                         "is not {'sha256'"),
+    "huge_world_size": (lambda s: edit_manifest(s, lambda m: m.__setitem__("world_size", 10**12)),
+                        "exceeds the files listed"),
+    "dotdot_path": (entry("../step-00000010/train.pt"), "outside the checkpoint directory"),
+    "absolute_path": (entry("/etc/passwd"), "outside the checkpoint directory"),
+    "symlinked_step_dir": (symlink_dir, "symbolic link"),
+    "symlinked_file": (symlink_file, "symbolic link"),
+    "name_and_manifest_disagree": (rename_dir, "holds a manifest of step 20"),
+    "contents_disagree": (other_step_inside, "holds step 21"),
+    "required_part_unlisted": (lambda s: edit_manifest(s, lambda m: m["files"].pop("rank-00000.pt")),
+                               "required part rank-00000.pt is not listed"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(CASES))
+def test_any_damage_is_skipped_with_a_reason_and_restore_falls_back(
+        case: str, pristine: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt, symlinks=True)
+    damage, reason = CASES[case]
+    damage(ckpt / "step-00000020")
+    stream = io.StringIO()
+    chosen = choose(ckpt, EventLog(0, stream))
+    assert chosen is not None and chosen[1]["step"] == 10
+    skipped = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [e["event"] for e in skipped] == ["checkpoint_skipped"]
+    assert reason in skipped[0]["reason"], skipped[0]["reason"]
+    cfg = TrainConfig.from_cli([*FLAGS, "--checkpoint-dir", str(ckpt)], environ={})
+    try:
+        preflight(cfg)  # survives any manifest shape: passes, or refuses with one line
+    except ConfigError:
+        pass
+    out = tmp_path / "out" / "model.pt"
+    out.parent.mkdir()
+    before = os.stat(ckpt).st_mtime_ns
+    assert export(ckpt, out).name == "step-00000010"
+    assert os.stat(ckpt).st_mtime_ns == before, "export wrote nothing inside the checkpoint directory"
+
+
+@pytest.mark.timeout(60)
+def test_a_symlinked_step_directory_is_never_deleted_through(pristine: Path, tmp_path: Path) -> None:
+    """Resume from 10 trains to 20 and publishes over the link: the link goes, its target stays."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt)
+    victim = tmp_path / "victim"
+    shutil.move(ckpt / "step-00000020", victim)
+    (ckpt / "step-00000020").symlink_to(victim, target_is_directory=True)
+    files = sorted(p.name for p in victim.iterdir())
+    run = python_module([*FLAGS, "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "symbolic link" in run.of("checkpoint_skipped")[0]["reason"]
+    assert run.of("checkpoint_restored")[0]["step"] == 10
+    assert sorted(p.name for p in victim.iterdir()) == files, "the link's target is untouched"
+    assert not (ckpt / "step-00000020").is_symlink()
+
+
+@pytest.mark.timeout(90)
+def test_export_of_a_sharded_checkpoint_writes_no_scratch_files_inside_it(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    run = python_module(["--strategy", "fsdp", "--model", "transformer", "--max-steps", "2", "--warmup-steps", "1",
+                         "--micro-batch-size", "4", "--dataset-size", "64", "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 0, run.stderr
+    before = {p: os.stat(p).st_mtime_ns for p in (ckpt, ckpt / "step-00000002")}
+    out = tmp_path / "model.pt"
+    assert export(ckpt, out).name == "step-00000002"
+    assert {p: os.stat(p).st_mtime_ns for p in before} == before, "no scratch file created and removed there"
+    assert torch.load(out, weights_only=True)["step"] == 2
