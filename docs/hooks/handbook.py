@@ -5,6 +5,8 @@
   "Open in Colab" link when the site knows its repository (`repo_url`).
 * `<!-- package-install -->` becomes the one line that installs the package, for pages
   whose excerpts call into the rest of it.
+* `<!-- self-test -->` on a hard-questions page becomes a link to the Anki deck built from
+  every hard question (general and biotech), each card linking the test that proves it.
 * The all-in-one page inlines the other pages with their headings one level down, so its
   table of contents lists every page and section, and shows each code block only once.
 
@@ -32,6 +34,11 @@ SECTION = re.compile(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<--
                      re.S | re.M)
 MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
 ALL_IN_ONE = "reference/all-in-one.md"
+SELF_TEST_MARK = "<!-- self-test -->"
+QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
+DECK_PATH = "interview/hard-questions.apkg"
+QUESTION = re.compile(r'^\?\?\? question "(?P<question>.+)"\n(?P<body>(?:(?: {4}.*)?\n)+)', re.M)
+TEST_REF = re.compile(r"`(?P<file>tests/[\w./-]+\.py)::(?P<name>[\w:]+)(?:\[[^\]`]*\])?`")
 PAGE_INCLUDE = re.compile(r'^--8<-- "(?P<path>docs/[^"]+\.md)"$', re.M)
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<mark>```|~~~)")
 CODE_INCLUDE = re.compile(r'^\s*--8<-- "(?P<target>[^"]+)"\s*$')
@@ -160,6 +167,48 @@ def _show_code_once(text: str, shown: set[tuple[str, ...]]) -> str:
     return "\n".join(out) + "\n"
 
 
+def question_bank() -> list[dict[str, Any]]:
+    """Every hard question with its answer (Markdown), topic, page and the tests it cites."""
+    bank = []
+    for page in QUESTION_PAGES:
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        for m in QUESTION.finditer(text):
+            topics = re.findall(r"^## (.+)$", text[:m.start()], re.M)
+            body = "\n".join(line[4:] for line in m["body"].splitlines()).strip()
+            bank.append({"question": m["question"], "answer": body, "page": page,
+                         "topic": topics[-1] if topics else "",
+                         "tests": [f"{t['file']}::{t['name']}" for t in TEST_REF.finditer(body)]})
+    return bank
+
+
+def build_deck(path: Path, site_url: str, repo_url: str | None) -> int:
+    """Write the Anki deck of the question bank to `path`; return its number of cards."""
+    import genanki
+    import markdown as md
+
+    model = genanki.Model(
+        1_640_217_001, "Distributed training handbook: question",
+        fields=[{"name": "Question"}, {"name": "Answer"}, {"name": "Source"}],
+        templates=[{"name": "Card", "qfmt": "{{Question}}",
+                    "afmt": "{{FrontSide}}<hr id=answer>{{Answer}}<p><small>{{Source}}</small></p>"}])
+    deck = genanki.Deck(1_640_217_002, "Distributed training interview handbook")
+    blob = f"{repo_url.rstrip('/')}/blob/main/" if repo_url else None
+    for card in question_bank():
+        answer = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", card["answer"])  # page links do not work in Anki
+        proofs = [f'<a href="{blob}{t.split("::")[0]}">{t}</a>' if blob else f"<code>{t}</code>"
+                  for t in card["tests"]]
+        page_url = site_url.rstrip("/") + "/" + card["page"].removesuffix(".md") + "/"
+        source = f'<a href="{page_url}">{card["topic"] or "handbook"}</a>'
+        if proofs:
+            source += "; proved by " + ", ".join(proofs)
+        deck.add_note(genanki.Note(model=model, guid=genanki.guid_for(card["question"]), tags=[
+            card["page"].split("/")[0]], fields=[md.markdown(card["question"]),
+                                                 md.markdown(answer, extensions=["tables"]), source]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    genanki.Package(deck).write_to_file(str(path))
+    return len(deck.notes)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
     """Expand the two markers on any page that has them (the all-in-one page included)."""
     repo_url = config.get("repo_url")
@@ -175,6 +224,16 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
         markdown = markdown.replace(NOTEBOOK_MARK, (
             f'<p class="handbook-notebook"><a class="md-button md-button--primary" href="{link}" '
             f'download>Download the notebook (.ipynb)</a> {colab_html}</p>'))
+    if SELF_TEST_MARK in markdown:
+        base = page.url if page.url.endswith("/") else posixpath.dirname(page.url)
+        link = posixpath.relpath(DECK_PATH, base.rstrip("/") or ".")
+        cards = len(question_bank())
+        markdown = markdown.replace(SELF_TEST_MARK, (
+            "**Self-test.** Each answer stays folded until you open it. After reading one, mark it "
+            "*Knew it* or *Review again*; this browser remembers your marks, and *Hide known* "
+            f'leaves only what still needs work. The same {cards} questions, general and biotech, '
+            f'are also an <a href="{link}" download>Anki deck</a>, each card linking the test '
+            "that proves its answer."))
     if INSTALL_MARK in markdown:  # once per page, however many included pages asked for it
         head, _, tail = markdown.partition(INSTALL_MARK)
         markdown = head + INSTALL_MARK + tail.replace(INSTALL_MARK, "")
@@ -188,10 +247,11 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
 
 
 def on_post_build(config: Any, **_: Any) -> None:
-    """Write the notebook next to the walkthrough page, freshly generated from the module."""
+    """Write the notebook (freshly generated from the module) and the Anki deck into the site."""
     target = Path(config["site_dir"]) / SITE_PATH
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(notebook_json(), encoding="utf-8")
+    build_deck(Path(config["site_dir"]) / DECK_PATH, config["site_url"] or "/", config.get("repo_url"))
 
 
 if __name__ == "__main__":
