@@ -1,0 +1,369 @@
+"""Back-of-the-envelope calculators for the interview, each the twin of a browser calculator.
+
+Every function here has a JavaScript twin in `docs/javascripts/calculators.js`:
+`reference_impl.calc.<name>(**inputs)` and `window.handbookCalc.<name>(inputs)` take the
+same inputs, apply the same defaults, and return dicts with the same keys and (to 1e-9)
+the same numbers; the browser tests compare them on hundreds of random inputs. Both
+reject a bad input the same way: Python raises `ValueError`, JavaScript throws an `Error`
+with the same message, which the page shows in place of the result.
+
+Units are SI throughout: bytes (not GiB), seconds, bytes per second, FLOPs and FLOP/s.
+The functions use only the standard library, so they run anywhere the handbook does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+# Above this many MTBFs the failure model's exponentials overflow a double; such a job
+# would practically never finish between failures anyway.
+_MAX_COST_OVER_MTBF = 100.0
+
+
+def _number(name: str, value: Any) -> float:
+    # bool is an int in Python but not a number in JavaScript: reject it in both.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _positive(name: str, value: Any) -> float:
+    if _number(name, value) <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return float(value)
+
+
+def _non_negative(name: str, value: Any) -> float:
+    if _number(name, value) < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any, minimum: int = 1) -> int:
+    # A whole number given as a float (2.0) is accepted: JavaScript cannot tell them apart.
+    if _number(name, value) != math.floor(value) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro_batch: int,
+           hidden: int, n_heads: int, n_layers: int, activation_checkpointing: bool = False,
+           stores_attention_scores: bool = False, param_bytes: float = 2, grad_bytes: float = 2,
+           master_bytes: float = 4, optimizer_bytes: float = 8) -> dict[str, float]:
+    """Memory per GPU for training with Adam: model state, sharded or not, plus activations.
+
+    Model state is `params x (param_bytes + grad_bytes + master_bytes + optimizer_bytes)`,
+    by default 2 + 2 + 4 + 8 = 16 bytes per parameter (bf16 weights and gradients, an fp32
+    master copy, fp32 Adam first and second moments; Rajbhandari et al., *ZeRO*, 2020).
+    PyTorch autocast keeps fp32 weights and gradients and no master copy: 4 + 4 + 0 + 8,
+    also 16. Sharding over `world_size` N divides by N:
+
+    - `ddp`: nothing (every rank holds a full replica);
+    - `zero1`: the master weights and the optimizer state;
+    - `zero2`: those and the gradients;
+    - `zero3` or `fsdp` (FSDP2 is ZeRO-3): everything.
+
+    Activations per transformer layer, 16-bit, no tensor parallelism (Korthikanti et al.,
+    2022, §4): `seq_len x micro_batch x hidden x (34 + 5 x n_heads x seq_len / hidden)`
+    bytes; the second term, the stored attention scores, is dropped unless
+    `stores_attention_scores` (fused attention, such as PyTorch's
+    `scaled_dot_product_attention`, does not keep them). With full activation
+    checkpointing every layer keeps only its 16-bit input, `2 x seq_len x micro_batch x
+    hidden` bytes, and one layer's full activations are live while it is recomputed.
+    Not counted: temporary buffers, the allocator's fragmentation, and FSDP's gathered
+    copy of the layer being computed.
+
+    Args:
+        params: Number of model parameters.
+        world_size: Data-parallel ranks N that shard the state (ignored by `ddp`).
+        strategy: One of `ddp`, `zero1`, `zero2`, `zero3`, `fsdp`.
+        seq_len: Tokens per sequence.
+        micro_batch: Sequences per micro-batch on one GPU.
+        hidden: Hidden size of the model; a multiple of `n_heads`.
+        n_heads: Attention heads per layer.
+        n_layers: Transformer layers.
+        activation_checkpointing: Recompute each layer in backward (keep only its input).
+        stores_attention_scores: Count the `n_heads x seq_len^2` attention scores (unfused attention).
+        param_bytes: Bytes per parameter of the weights used in forward and backward.
+        grad_bytes: Bytes per parameter of the gradients.
+        master_bytes: Bytes per parameter of a separate master copy (0 when there is none).
+        optimizer_bytes: Bytes per parameter of optimizer state (Adam's two fp32 moments: 8).
+
+    Returns:
+        Bytes per GPU: `params_bytes`, `grads_bytes`, `master_bytes`, `optimizer_bytes`,
+        their sum `model_state_bytes`, `activation_bytes_per_layer` (without
+        checkpointing), `activation_bytes` (all layers, as configured) and `total_bytes`.
+
+    Raises:
+        ValueError: A non-positive size, an unknown strategy, or `hidden` not a multiple
+            of `n_heads`.
+    """
+    p = _positive("params", params)
+    n = _count("world_size", world_size)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    s, b = _count("seq_len", seq_len), _count("micro_batch", micro_batch)
+    h, a, layers = _count("hidden", hidden), _count("n_heads", n_heads), _count("n_layers", n_layers)
+    if h % a:
+        raise ValueError(f"hidden ({h}) must be a multiple of n_heads ({a})")
+    checkpointing = _flag("activation_checkpointing", activation_checkpointing)
+    scores = _flag("stores_attention_scores", stores_attention_scores)
+    sizes = {"params_bytes": _positive("param_bytes", param_bytes),
+             "grads_bytes": _non_negative("grad_bytes", grad_bytes),
+             "master_bytes": _non_negative("master_bytes", master_bytes),
+             "optimizer_bytes": _non_negative("optimizer_bytes", optimizer_bytes)}
+    sharded = {"ddp": (), "zero1": ("master_bytes", "optimizer_bytes"),
+               "zero2": ("master_bytes", "optimizer_bytes", "grads_bytes")}.get(strategy, tuple(sizes))
+    state = {key: p * per_param / (n if key in sharded else 1) for key, per_param in sizes.items()}
+    per_layer = s * b * h * (34 + (5 * a * s / h if scores else 0))
+    activations = layers * 2 * s * b * h + per_layer if checkpointing else layers * per_layer
+    model_state = state["params_bytes"] + state["grads_bytes"] + state["master_bytes"] + state["optimizer_bytes"]
+    return {**state, "model_state_bytes": model_state, "activation_bytes_per_layer": per_layer,
+            "activation_bytes": activations, "total_bytes": model_state + activations}
+
+
+def ring_allreduce(*, size_bytes: float, world_size: int, bandwidth_bytes_per_s: float,
+                   latency_s: float = 0.0) -> dict[str, float]:
+    """Bytes and time of a ring all-reduce, the collective behind DDP's gradient sync.
+
+    A reduce-scatter then an all-gather each move `(N - 1) / N x S` per rank, so every
+    rank sends (and receives) `2 (N - 1) / N x S` bytes in `2 (N - 1)` steps. Time is
+    `bytes / bandwidth + steps x latency`, assuming every rank sends at
+    `bandwidth_bytes_per_s` at once and nothing else shares the links. The bus bandwidth
+    is the algorithm bandwidth `S / time` times `2 (N - 1) / N`, the figure nccl-tests
+    reports; with no latency it equals the link bandwidth.
+
+    Args:
+        size_bytes: Bytes reduced (for DDP: parameters x gradient bytes).
+        world_size: Ranks N in the ring, at least 2.
+        bandwidth_bytes_per_s: Bytes per second each rank sends.
+        latency_s: Seconds per step of the ring (0 for the bandwidth term alone).
+
+    Returns:
+        `bytes_per_rank`, `steps`, `time_s`, `algorithm_bandwidth` and `bus_bandwidth`
+        (bytes per second).
+
+    Raises:
+        ValueError: A non-positive size or bandwidth, a negative latency, or fewer than 2 ranks.
+    """
+    size = _positive("size_bytes", size_bytes)
+    n = _count("world_size", world_size, 2)
+    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    latency = _non_negative("latency_s", latency_s)
+    factor = 2 * (n - 1) / n
+    steps = 2 * (n - 1)
+    time_s = factor * size / bandwidth + steps * latency
+    return {"bytes_per_rank": factor * size, "steps": steps, "time_s": time_s,
+            "algorithm_bandwidth": size / time_s, "bus_bandwidth": size / time_s * factor}
+
+
+def fsdp_comm(*, params: float, world_size: int, bandwidth_bytes_per_s: float,
+              param_bytes: float = 2, grad_bytes: float = 2,
+              reshard_after_forward: bool = True) -> dict[str, float]:
+    """Bytes each rank sends per step under FSDP (ZeRO-3), against DDP's all-reduce.
+
+    FSDP all-gathers the parameters for forward and, when it frees them after forward
+    (`reshard_after_forward`, the default), again for backward; then it reduce-scatters
+    the gradients. Each of these moves `(N - 1) / N` of the full size per rank, so with
+    equal dtypes FSDP sends 3 such transfers against DDP's 2 (the all-reduce): 1.5x DDP.
+    Time assumes the transfers are not overlapped with compute.
+
+    Args:
+        params: Number of model parameters.
+        world_size: Ranks N sharding the model, at least 2.
+        bandwidth_bytes_per_s: Bytes per second each rank sends.
+        param_bytes: Bytes per parameter gathered (2 for bf16 mixed precision).
+        grad_bytes: Bytes per gradient element reduced (2 for bf16 reduction).
+        reshard_after_forward: Free gathered parameters after forward (gather twice).
+
+    Returns:
+        Bytes per rank: `all_gather_bytes` (all gathers), `reduce_scatter_bytes`,
+        `bytes_per_rank`, `ddp_bytes_per_rank` (a ring all-reduce of the gradients),
+        `ratio_to_ddp`; and `time_s`.
+
+    Raises:
+        ValueError: A non-positive size or bandwidth, or fewer than 2 ranks.
+    """
+    p = _positive("params", params)
+    n = _count("world_size", world_size, 2)
+    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    gather_bytes, reduce_bytes = _positive("param_bytes", param_bytes), _positive("grad_bytes", grad_bytes)
+    gathers = 2 if _flag("reshard_after_forward", reshard_after_forward) else 1
+    share = (n - 1) / n
+    all_gather = gathers * share * p * gather_bytes
+    reduce_scatter = share * p * reduce_bytes
+    total = all_gather + reduce_scatter
+    ddp = 2 * share * p * reduce_bytes
+    return {"all_gather_bytes": all_gather, "reduce_scatter_bytes": reduce_scatter,
+            "bytes_per_rank": total, "ddp_bytes_per_rank": ddp, "ratio_to_ddp": total / ddp,
+            "time_s": total / bandwidth}
+
+
+def tp_comm(*, seq_len: int, micro_batch: int, hidden: int, n_layers: int, tp_degree: int,
+            bandwidth_bytes_per_s: float, activation_bytes: float = 2) -> dict[str, float]:
+    """Bytes each rank sends for Megatron-style tensor parallelism, per micro-batch.
+
+    Each layer all-reduces its activations (`seq_len x micro_batch x hidden` elements)
+    after attention and after the MLP in forward, and twice more in backward: 4 ring
+    all-reduces over the `tp_degree` t ranks, each sending `2 (t - 1) / t` of its size.
+    The volume scales with tokens, not parameters, and sits on the critical path; time
+    assumes no overlap with compute.
+
+    Args:
+        seq_len: Tokens per sequence.
+        micro_batch: Sequences per micro-batch.
+        hidden: Hidden size of the model.
+        n_layers: Transformer layers.
+        tp_degree: Ranks t sharing each layer, at least 2.
+        bandwidth_bytes_per_s: Bytes per second each rank sends (NVLink-class inside a node).
+        activation_bytes: Bytes per activation element (2 for bf16).
+
+    Returns:
+        `allreduce_bytes` (the size of one all-reduce), `allreduces_per_layer`,
+        `bytes_per_layer` and `bytes_per_microbatch` sent per rank, and `time_s`.
+
+    Raises:
+        ValueError: A non-positive size or bandwidth, or a TP degree below 2.
+    """
+    tokens = _count("seq_len", seq_len) * _count("micro_batch", micro_batch)
+    h, layers = _count("hidden", hidden), _count("n_layers", n_layers)
+    t = _count("tp_degree", tp_degree, 2)
+    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    size = tokens * h * _positive("activation_bytes", activation_bytes)
+    per_layer = 4 * 2 * (t - 1) / t * size
+    return {"allreduce_bytes": size, "allreduces_per_layer": 4, "bytes_per_layer": per_layer,
+            "bytes_per_microbatch": layers * per_layer, "time_s": layers * per_layer / bandwidth}
+
+
+def pipeline_bubble(*, stages: int, microbatches: int, interleave: int = 1) -> dict[str, float]:
+    """Idle share of a pipeline-parallel step (GPipe or 1F1B, optionally interleaved).
+
+    With `p` stages and `m` micro-batches the bubble is `p - 1` micro-batch slots out of
+    `m + p - 1`: a fraction `(p - 1) / (m + p - 1)` of the step, or `(p - 1) / m` of the
+    ideal compute time. The interleaved schedule with `v` model chunks per stage divides
+    the bubble's duration by `v`: `(p - 1) / (v m + p - 1)` (Narayanan et al., SC 2021).
+    Assumes equal stage times and ignores the point-to-point transfers.
+
+    Args:
+        stages: Pipeline stages p.
+        microbatches: Micro-batches m per step.
+        interleave: Model chunks v per stage (1: no interleaving). Megatron's interleaved
+            schedule needs `m` to be a multiple of `p`.
+
+    Returns:
+        `bubble_fraction` (of the step), `bubble_over_ideal` (of the ideal compute time)
+        and `efficiency` (1 - bubble_fraction).
+
+    Raises:
+        ValueError: A count below 1, or interleaving with `m` not a multiple of `p`.
+    """
+    p, m = _count("stages", stages), _count("microbatches", microbatches)
+    v = _count("interleave", interleave)
+    if v > 1 and m % p:
+        raise ValueError(f"an interleaved schedule needs microbatches ({m}) to be a multiple of stages ({p})")
+    bubble = (p - 1) / (v * m + p - 1)
+    return {"bubble_fraction": bubble, "bubble_over_ideal": (p - 1) / (v * m), "efficiency": 1 - bubble}
+
+
+def checkpoint_interval(*, checkpoint_cost_s: float, mtbf_s: float,
+                        restart_s: float = 0.0) -> dict[str, float]:
+    """Optimum compute time between checkpoints: Young's first order and Daly's higher order.
+
+    Young (CACM 1974): `tau = sqrt(2 C M)` for a blocking save cost `C` and a job mean
+    time between failures `M`, with overhead `C / tau + tau / (2 M)` (saving plus the
+    expected recomputation), about `sqrt(2 C / M)` at the optimum. Daly (FGCS 2006, eq. 37):
+    `tau = sqrt(2 C M) (1 + sqrt(C / (2 M)) / 3 + C / (2 M) / 9) - C` while `C < 2 M`, else
+    `tau = M`. Daly's complete model, with exponentially distributed failures and a
+    restart time `R`, expects a wall time of `M e^(R/M) (e^((tau + C)/M) - 1) / tau` per
+    unit of work; `daly_overhead_fraction` is that minus 1 at Daly's interval.
+
+    Args:
+        checkpoint_cost_s: Seconds a save blocks training (C).
+        mtbf_s: Mean time between failures of the whole job in seconds (M).
+        restart_s: Seconds from a failure to training again (R); only Daly's model uses it.
+
+    Returns:
+        `young_interval_s`, `young_overhead_fraction`, `daly_interval_s` and
+        `daly_overhead_fraction`.
+
+    Raises:
+        ValueError: A non-positive cost or MTBF, a negative restart time, or a cost or
+            restart time above 100 MTBFs.
+    """
+    c, m = _positive("checkpoint_cost_s", checkpoint_cost_s), _positive("mtbf_s", mtbf_s)
+    r = _non_negative("restart_s", restart_s)
+    if max(c, r) > _MAX_COST_OVER_MTBF * m:
+        raise ValueError(f"checkpoint_cost_s and restart_s must not exceed {_MAX_COST_OVER_MTBF:g} x mtbf_s")
+    young = math.sqrt(2 * c * m)
+    ratio = c / (2 * m)
+    daly = young * (1 + math.sqrt(ratio) / 3 + ratio / 9) - c if c < 2 * m else m
+    daly_overhead = m * math.exp(r / m) * math.expm1((daly + c) / m) / daly - 1
+    return {"young_interval_s": young, "young_overhead_fraction": c / young + young / (2 * m),
+            "daly_interval_s": daly, "daly_overhead_fraction": daly_overhead}
+
+
+def mfu(*, flops_per_sample: float, samples_per_step: float, step_time_s: float, n_gpus: int,
+        peak_flops_per_gpu: float) -> dict[str, float]:
+    """Model FLOPs utilisation of a measured step, and the step time at 100% MFU.
+
+    `MFU = flops_per_sample x samples_per_step / step_time_s / (n_gpus x peak)`. The model
+    FLOPs are what training needs, about `6 x parameters` per token for a dense
+    transformer plus attention (`reference_impl.model.flops_per_sample`); recomputation
+    by activation checkpointing is not counted.
+
+    Args:
+        flops_per_sample: Training FLOPs (forward and backward) per sample.
+        samples_per_step: Samples per optimizer step, over all GPUs (the global batch).
+        step_time_s: Measured seconds per step.
+        n_gpus: GPUs sharing the step.
+        peak_flops_per_gpu: Dense peak FLOP/s of one GPU at the training precision.
+
+    Returns:
+        `samples_per_s`, `achieved_flops_per_gpu`, `mfu` (a fraction) and
+        `ideal_step_time_s` (the step at peak).
+
+    Raises:
+        ValueError: A non-positive input.
+    """
+    work = _positive("flops_per_sample", flops_per_sample) * _positive("samples_per_step", samples_per_step)
+    time_s, gpus = _positive("step_time_s", step_time_s), _count("n_gpus", n_gpus)
+    peak = _positive("peak_flops_per_gpu", peak_flops_per_gpu)
+    achieved = work / time_s / gpus
+    return {"samples_per_s": samples_per_step / time_s, "achieved_flops_per_gpu": achieved,
+            "mfu": achieved / peak, "ideal_step_time_s": work / (gpus * peak)}
+
+
+def step_time(*, flops_per_sample: float, samples_per_step: float, n_gpus: int,
+              peak_flops_per_gpu: float, mfu: float) -> dict[str, float]:
+    """Step time predicted from an assumed MFU: the inverse of `mfu`.
+
+    `step_time_s = flops_per_sample x samples_per_step / (n_gpus x peak x MFU)`.
+
+    Args:
+        flops_per_sample: Training FLOPs (forward and backward) per sample.
+        samples_per_step: Samples per optimizer step, over all GPUs.
+        n_gpus: GPUs sharing the step.
+        peak_flops_per_gpu: Dense peak FLOP/s of one GPU at the training precision.
+        mfu: Assumed model FLOPs utilisation, a fraction in (0, 1].
+
+    Returns:
+        `step_time_s`, `samples_per_s` and `achieved_flops_per_gpu`.
+
+    Raises:
+        ValueError: A non-positive input, or an MFU above 1.
+    """
+    work = _positive("flops_per_sample", flops_per_sample) * _positive("samples_per_step", samples_per_step)
+    gpus, peak = _count("n_gpus", n_gpus), _positive("peak_flops_per_gpu", peak_flops_per_gpu)
+    if _positive("mfu", mfu) > 1:
+        raise ValueError(f"mfu is a fraction and must not exceed 1, got {mfu!r}")
+    time_s = work / (gpus * peak * mfu)
+    return {"step_time_s": time_s, "samples_per_s": samples_per_step / time_s,
+            "achieved_flops_per_gpu": peak * mfu}

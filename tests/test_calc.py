@@ -1,0 +1,348 @@
+"""The calculators of reference_impl.calc against real tensors, the pages' numbers and hand values.
+
+Memory is checked against what PyTorch really allocates after an AdamW step, sharded by
+FSDP2's own `fully_shard` on every rank of a fake process group (shapes without
+communication); the formulas for communication, bubble, checkpoint interval and MFU are
+checked against hand-computed values and small independent models of them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl import calc
+from reference_impl.config import TrainConfig
+from reference_impl.model import MLP, TinyTransformer, flops_per_sample
+
+GB = 1e9
+# A 7B-class transformer shape (the playbook's activation example).
+SHAPE = {"seq_len": 2048, "micro_batch": 1, "hidden": 4096, "n_heads": 32, "n_layers": 32}
+AUTOCAST_BYTES = {"param_bytes": 4, "grad_bytes": 4, "master_bytes": 0, "optimizer_bytes": 8}
+
+
+def _models() -> dict[str, nn.Module]:
+    torch.manual_seed(0)
+    return {"mlp": MLP(12, 24, 5), "transformer": TinyTransformer(50, 8, 16, 2, 2, 32, 0.0)}
+
+
+def _loss(model: nn.Module) -> torch.Tensor:
+    if isinstance(model, MLP):
+        return model(torch.randn(4, 12)).square().mean()
+    return model(torch.randint(0, 50, (2, 8))).float().square().mean()
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _adam_state_bytes(optimizer: torch.optim.Optimizer, local=lambda t: t) -> int:
+    # The 0-d `step` counter is one scalar per tensor, not per parameter: not in the formula.
+    return _bytes(local(v) for state in optimizer.state.values() for k, v in state.items() if k != "step")
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_model_state_matches_real_tensors_after_an_adamw_step(name: str) -> None:
+    """fp32 training (autocast's accounting): 4 + 4 + 0 + 8 bytes per parameter, all real."""
+    model = _models()[name]
+    optimizer = torch.optim.AdamW(model.parameters())
+    _loss(model).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    got = calc.memory(params=n, world_size=1, strategy="ddp", **SHAPE, **AUTOCAST_BYTES)
+    assert got["params_bytes"] == _bytes(params)
+    assert got["grads_bytes"] == _bytes(p.grad for p in params)
+    assert got["optimizer_bytes"] == _adam_state_bytes(optimizer)
+    assert got["master_bytes"] == 0
+    assert got["model_state_bytes"] == 16 * n
+
+
+def test_mixed_precision_model_state_is_16_bytes_per_parameter_in_real_tensors() -> None:
+    """bf16 working weights and gradients, an fp32 master copy with AdamW: 2 + 2 + 4 + 8."""
+    model = _models()["transformer"].to(torch.bfloat16)
+    master = [p.detach().float().requires_grad_() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(master)
+    _loss(model).backward()
+    for w, p in zip(master, model.parameters()):
+        w.grad = p.grad.float()
+    optimizer.step()
+    n = sum(p.numel() for p in master)
+    got = calc.memory(params=n, world_size=1, strategy="ddp", **SHAPE)  # default bytes: 2, 2, 4, 8
+    assert got["params_bytes"] == _bytes(model.parameters())
+    assert got["grads_bytes"] == _bytes(p.grad for p in model.parameters())
+    assert got["master_bytes"] == _bytes(master)
+    assert got["optimizer_bytes"] == _adam_state_bytes(optimizer)
+    assert got["model_state_bytes"] == 16 * n
+
+
+def _fsdp_rank_bytes(name: str, rank: int, world_size: int) -> dict[str, int]:
+    """Bytes that FSDP2 really leaves on `rank` after an AdamW step (fake process group)."""
+    # The fake backend gives every collective the right shapes and no data: FSDP2 shards,
+    # gathers and reduce-scatters as on a real job, in one process and in milliseconds.
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    try:
+        model = _models()[name]
+        for module in getattr(model, "blocks", []):
+            fully_shard(module)
+        fully_shard(model)
+        optimizer = torch.optim.AdamW(model.parameters())
+        _loss(model).backward()
+        optimizer.step()
+        params = list(model.parameters())
+        return {"params_bytes": _bytes(p.to_local() for p in params),
+                "grads_bytes": _bytes(p.grad.to_local() for p in params),
+                "optimizer_bytes": _adam_state_bytes(optimizer, lambda t: t.to_local()),
+                "padded": sum(math.ceil(p.shape[0] / world_size) * p[0].numel() * p.element_size()
+                              for p in params)}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.filterwarnings("ignore:FSDP2-wrapped module")  # the model's logits are a view; no in-place op follows
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_fsdp_per_rank_bytes_match_fully_shard_on_every_rank(name: str, world_size: int) -> None:
+    """FSDP2 shards dim 0 of every tensor: the ranks together hold exactly N times the
+    calculator's per-GPU bytes, and no rank more than its padded chunk."""
+    n = sum(p.numel() for p in _models()[name].parameters())
+    ranks = [_fsdp_rank_bytes(name, r, world_size) for r in range(world_size)]
+    for strategy in ("fsdp", "zero3"):
+        got = calc.memory(params=n, world_size=world_size, strategy=strategy, **SHAPE, **AUTOCAST_BYTES)
+        for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+            assert sum(r[key] for r in ranks) == pytest.approx(world_size * got[key], rel=1e-12), key
+            assert max(r[key] for r in ranks) >= got[key] - 1e-6
+        assert all(r["params_bytes"] <= r["padded"] for r in ranks)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero1_and_zero2_per_rank_bytes_match_a_flat_partition(strategy: str, world_size: int) -> None:
+    """ZeRO partitions the flattened fp32 state: each rank runs AdamW on its 1/N slice."""
+    model = _models()["transformer"]
+    _loss(model).backward()
+    flat_params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    flat_grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    n = flat_params.numel()
+    got = calc.memory(params=n, world_size=world_size, strategy=strategy, **SHAPE, **AUTOCAST_BYTES)
+    held = []
+    for rank in range(world_size):
+        shard = flat_params.tensor_split(world_size)[rank].clone().requires_grad_()
+        shard.grad = flat_grads.tensor_split(world_size)[rank].clone()
+        optimizer = torch.optim.AdamW([shard])
+        optimizer.step()
+        grads = shard.grad if strategy == "zero2" else flat_grads  # zero1 keeps full gradients
+        held.append({"params_bytes": _bytes(model.parameters()), "grads_bytes": _bytes([grads]),
+                     "optimizer_bytes": _adam_state_bytes(optimizer)})
+    for key in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert sum(h[key] for h in held) == pytest.approx(world_size * got[key], rel=1e-12), key
+        assert max(h[key] for h in held) - min(h[key] for h in held) <= 8 * 4  # one element of 2 moments
+
+
+def test_zero_stages_reproduce_figure_1_of_the_zero_paper() -> None:
+    """7.5B parameters on 64 GPUs: 120, 31.4, 16.6 and 1.9 GB of model state per GPU."""
+    totals = {s: calc.memory(params=7.5e9, world_size=64, strategy=s, **SHAPE)["model_state_bytes"] / GB
+              for s in calc.STRATEGIES}
+    assert totals["ddp"] == pytest.approx(120.0)
+    assert round(totals["zero1"], 1) == 31.4
+    assert round(totals["zero2"], 1) == 16.6
+    assert round(totals["zero3"], 1) == 1.9
+    assert totals["fsdp"] == totals["zero3"]
+
+
+def test_activations_follow_korthikanti_with_and_without_checkpointing() -> None:
+    """Per layer s·b·h·(34 + 5·a·s/h) bytes; checkpointing keeps 2·s·b·h per layer plus one layer."""
+    s, b, h, layers = 2048, 1, 4096, 32
+    unfused = calc.memory(params=7e9, world_size=8, strategy="fsdp", stores_attention_scores=True, **SHAPE)
+    fused = calc.memory(params=7e9, world_size=8, strategy="fsdp", **SHAPE)
+    assert round(unfused["activation_bytes_per_layer"] / GB, 2) == 0.96
+    assert round(unfused["activation_bytes"] / GB, 1) == 30.6
+    assert round(fused["activation_bytes"] / GB, 1) == 9.1
+    assert fused["activation_bytes_per_layer"] == 34 * s * b * h
+    checkpointed = calc.memory(params=7e9, world_size=8, strategy="fsdp", activation_checkpointing=True, **SHAPE)
+    assert checkpointed["activation_bytes"] == layers * 2 * s * b * h + 34 * s * b * h
+    assert checkpointed["total_bytes"] == checkpointed["model_state_bytes"] + checkpointed["activation_bytes"]
+    assert fused["model_state_bytes"] == 16 * 7e9 / 8
+
+
+def test_ring_allreduce_sends_2_n_minus_1_over_n_of_the_size() -> None:
+    grads = 2e9  # 1B parameters, bf16 gradients
+    sent = {n: calc.ring_allreduce(size_bytes=grads, world_size=n, bandwidth_bytes_per_s=50e9)["bytes_per_rank"]
+            for n in (2, 8, 64, 1024)}
+    assert sent == {n: 2 * (n - 1) / n * grads for n in sent}
+    assert [round(v / GB, 2) for v in sent.values()] == [2.00, 3.50, 3.94, 4.00]
+    eight = calc.ring_allreduce(size_bytes=grads, world_size=8, bandwidth_bytes_per_s=50e9)
+    assert eight["time_s"] == pytest.approx(0.070)
+    assert eight["steps"] == 14
+    assert eight["bus_bandwidth"] == pytest.approx(50e9)  # nccl-tests' busbw is the link bandwidth
+    slow = calc.ring_allreduce(size_bytes=grads, world_size=8, bandwidth_bytes_per_s=50e9, latency_s=1e-3)
+    assert slow["time_s"] == pytest.approx(0.070 + 14e-3)
+    assert slow["bus_bandwidth"] < 50e9
+
+
+def test_fsdp_sends_one_and_a_half_times_ddp() -> None:
+    got = calc.fsdp_comm(params=1e9, world_size=8, bandwidth_bytes_per_s=50e9)
+    share = 7 / 8
+    assert got["all_gather_bytes"] == pytest.approx(2 * share * 2e9)
+    assert got["reduce_scatter_bytes"] == pytest.approx(share * 2e9)
+    assert got["ddp_bytes_per_rank"] == pytest.approx(
+        calc.ring_allreduce(size_bytes=2e9, world_size=8, bandwidth_bytes_per_s=50e9)["bytes_per_rank"])
+    assert got["ratio_to_ddp"] == pytest.approx(1.5)
+    assert got["time_s"] == pytest.approx(got["bytes_per_rank"] / 50e9)
+    kept = calc.fsdp_comm(params=1e9, world_size=8, bandwidth_bytes_per_s=50e9, reshard_after_forward=False)
+    assert kept["ratio_to_ddp"] == pytest.approx(1.0)
+
+
+def test_tp_all_reduces_match_the_playbook() -> None:
+    """s=4096, b=1, h=8192, bf16, TP 8, 80 layers: 64 MiB per all-reduce, 0.47 GB per layer, 37.6 GB."""
+    got = calc.tp_comm(seq_len=4096, micro_batch=1, hidden=8192, n_layers=80, tp_degree=8,
+                       bandwidth_bytes_per_s=400e9)
+    assert got["allreduce_bytes"] == 64 * 2 ** 20
+    assert got["allreduces_per_layer"] == 4
+    assert round(got["bytes_per_layer"] / GB, 2) == 0.47
+    assert round(got["bytes_per_microbatch"] / GB, 1) == 37.6
+    assert round(got["time_s"] * 1e3) == 94
+    assert got["bytes_per_layer"] == 4 * calc.ring_allreduce(
+        size_bytes=got["allreduce_bytes"], world_size=8, bandwidth_bytes_per_s=1.0)["bytes_per_rank"]
+
+
+def _simulated_gpipe_idle_fraction(stages: int, microbatches: int) -> float:
+    """Idle share of a GPipe step, by scheduling unit-time tasks on stages one by one."""
+    free = [0] * stages  # when each stage is next free
+    done: dict[tuple[int, int], int] = {}
+    for j in range(microbatches):  # forward: stage i needs micro-batch j from stage i-1
+        for i in range(stages):
+            start = max(free[i], done.get((i - 1, j), 0))
+            done[(i, j)] = free[i] = start + 1
+    forward_end = max(free)
+    back: dict[tuple[int, int], int] = {}
+    for j in range(microbatches):  # backward runs from the last stage to the first
+        for i in reversed(range(stages)):
+            start = max(free[i], forward_end if i == stages - 1 else back.get((i + 1, j), 0))
+            back[(i, j)] = free[i] = start + 1
+    step = max(free)
+    busy = 2 * microbatches * stages
+    return 1 - busy / (stages * step)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 4), (4, 16), (8, 32), (3, 7)])
+def test_pipeline_bubble_matches_a_simulated_gpipe_schedule(p: int, m: int) -> None:
+    got = calc.pipeline_bubble(stages=p, microbatches=m)
+    assert got["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1))
+    assert got["bubble_fraction"] == pytest.approx(_simulated_gpipe_idle_fraction(p, m))
+    assert got["bubble_over_ideal"] == pytest.approx((p - 1) / m)
+    assert got["efficiency"] == pytest.approx(1 - got["bubble_fraction"])
+
+
+def test_pipeline_bubble_matches_the_playbook_and_interleaving_shrinks_it() -> None:
+    assert [round(calc.pipeline_bubble(stages=p, microbatches=m)["bubble_fraction"], 3)
+            for p, m in ((4, 4), (4, 16), (8, 32))] == [0.429, 0.158, 0.179]
+    assert calc.pipeline_bubble(stages=1, microbatches=8)["bubble_fraction"] == 0
+    plain = calc.pipeline_bubble(stages=4, microbatches=8)["bubble_over_ideal"]
+    assert calc.pipeline_bubble(stages=4, microbatches=8, interleave=2)["bubble_over_ideal"] == plain / 2
+
+
+LLAMA3_MTBF_S = 54 * 24 * 3600 / 419  # 419 interruptions in 54 days (Llama 3 paper, §3.3.4)
+
+
+def test_young_and_daly_intervals_match_hand_computed_values() -> None:
+    """C = 30 s, M = 11,135 s. Young: sqrt(2·30·11135.08) = 817.38 s. Daly: with
+    r = C/(2M) = 0.00134709, 817.38 × (1 + sqrt(r)/3 + r/9) − 30 = 797.50 s."""
+    got = calc.checkpoint_interval(checkpoint_cost_s=30, mtbf_s=LLAMA3_MTBF_S)
+    assert got["young_interval_s"] == pytest.approx(817.377, abs=1e-3)
+    assert got["daly_interval_s"] == pytest.approx(797.499, abs=1e-3)
+    assert round(got["young_overhead_fraction"], 3) == 0.073  # the checkpointing page's 7.3%
+    assert round(calc.checkpoint_interval(checkpoint_cost_s=3, mtbf_s=LLAMA3_MTBF_S)["young_interval_s"]) == 258
+    # Daly's rule past its range: a save longer than 2 MTBFs checkpoints every MTBF.
+    assert calc.checkpoint_interval(checkpoint_cost_s=50, mtbf_s=20)["daly_interval_s"] == 20
+
+
+def _daly_expected_overhead(tau: float, c: float, m: float, r: float) -> float:
+    """Daly (2006) eq. 20: wall time per unit of work, minus 1, for exponential failures."""
+    return m * math.exp(r / m) * (math.exp((tau + c) / m) - 1) / tau - 1
+
+
+@pytest.mark.parametrize("cost_over_mtbf", [1e-4, 1e-2, 0.1, 0.5])
+def test_daly_interval_is_nearer_the_true_optimum_than_young(cost_over_mtbf: float) -> None:
+    m, r = 10_000.0, 120.0
+    c = cost_over_mtbf * m
+    got = calc.checkpoint_interval(checkpoint_cost_s=c, mtbf_s=m, restart_s=r)
+    # The true optimum of Daly's complete model, by a fine search on a log grid.
+    grid = [math.sqrt(2 * c * m) * math.exp(k / 20_000) for k in range(-20_000, 20_001)]
+    best = min(grid, key=lambda tau: _daly_expected_overhead(tau, c, m, r))
+    assert abs(got["daly_interval_s"] - best) < abs(got["young_interval_s"] - best)
+    assert got["daly_overhead_fraction"] == pytest.approx(_daly_expected_overhead(got["daly_interval_s"], c, m, r))
+    assert got["daly_overhead_fraction"] <= _daly_expected_overhead(got["young_interval_s"], c, m, r)
+
+
+def test_mfu_is_consistent_with_the_models_flop_count() -> None:
+    """MFU from flops_per_sample equals the benchmark's formula; step_time inverts it."""
+    cfg = TrainConfig(model="transformer")
+    fps = flops_per_sample(cfg)
+    samples_per_step, step_s, gpus, peak = 256, 0.05, 4, 312e12
+    got = calc.mfu(flops_per_sample=fps, samples_per_step=samples_per_step, step_time_s=step_s,
+                   n_gpus=gpus, peak_flops_per_gpu=peak)
+    samples_per_s = samples_per_step / step_s
+    assert got["samples_per_s"] == pytest.approx(samples_per_s)
+    assert got["mfu"] == pytest.approx(fps * samples_per_s / (gpus * peak))  # as bench.measured_training
+    assert got["ideal_step_time_s"] == pytest.approx(step_s * got["mfu"])
+    back = calc.step_time(flops_per_sample=fps, samples_per_step=samples_per_step, n_gpus=gpus,
+                          peak_flops_per_gpu=peak, mfu=got["mfu"])
+    assert back["step_time_s"] == pytest.approx(step_s)
+    assert back["achieved_flops_per_gpu"] == pytest.approx(got["achieved_flops_per_gpu"])
+
+
+def test_mfu_reproduces_the_performance_page() -> None:
+    """7B parameters at 3,000 tokens/s per GPU on an H100 (989 TFLOP/s): 126 TFLOP/s, 12.7%."""
+    got = calc.mfu(flops_per_sample=6 * 7e9, samples_per_step=3000, step_time_s=1.0, n_gpus=1,
+                   peak_flops_per_gpu=989e12)
+    assert round(got["achieved_flops_per_gpu"] / 1e12) == 126
+    assert round(got["mfu"], 3) == 0.127
+
+
+# Each bad input, and the start of the message that must name it.
+BAD_INPUTS = [
+    ("memory", {"params": 0, "world_size": 8, "strategy": "fsdp", **SHAPE}, "params must be positive"),
+    ("memory", {"params": 1e9, "world_size": 0, "strategy": "fsdp", **SHAPE}, "world_size must be a whole number >= 1"),
+    ("memory", {"params": 1e9, "world_size": 2.5, "strategy": "fsdp", **SHAPE}, "world_size must be a whole number"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "zero4", **SHAPE}, "strategy must be one of"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "ddp", **{**SHAPE, "n_heads": 3}},
+     "hidden (4096) must be a multiple of n_heads (3)"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "ddp", "master_bytes": -4, **SHAPE},
+     "master_bytes must not be negative"),
+    ("memory", {"params": True, "world_size": 8, "strategy": "ddp", **SHAPE}, "params must be a finite number"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "ddp", "activation_checkpointing": 1, **SHAPE},
+     "activation_checkpointing must be true or false"),
+    ("ring_allreduce", {"size_bytes": 1e9, "world_size": 1, "bandwidth_bytes_per_s": 1e9},
+     "world_size must be a whole number >= 2"),
+    ("ring_allreduce", {"size_bytes": 1e9, "world_size": 4, "bandwidth_bytes_per_s": float("inf")},
+     "bandwidth_bytes_per_s must be a finite number"),
+    ("fsdp_comm", {"params": -1, "world_size": 4, "bandwidth_bytes_per_s": 1e9}, "params must be positive"),
+    ("tp_comm", {"seq_len": 4096, "micro_batch": 1, "hidden": 8192, "n_layers": 80, "tp_degree": 1,
+                 "bandwidth_bytes_per_s": 1e9}, "tp_degree must be a whole number >= 2"),
+    ("pipeline_bubble", {"stages": 4, "microbatches": 6, "interleave": 2},
+     "an interleaved schedule needs microbatches (6) to be a multiple of stages (4)"),
+    ("pipeline_bubble", {"stages": 0, "microbatches": 6}, "stages must be a whole number >= 1"),
+    ("checkpoint_interval", {"checkpoint_cost_s": 0, "mtbf_s": 100}, "checkpoint_cost_s must be positive"),
+    ("checkpoint_interval", {"checkpoint_cost_s": 1, "mtbf_s": 100, "restart_s": 20_000},
+     "checkpoint_cost_s and restart_s must not exceed 100 x mtbf_s"),
+    ("mfu", {"flops_per_sample": 1e12, "samples_per_step": 8, "step_time_s": 0, "n_gpus": 1,
+             "peak_flops_per_gpu": 1e15}, "step_time_s must be positive"),
+    ("step_time", {"flops_per_sample": 1e12, "samples_per_step": 8, "n_gpus": 1, "peak_flops_per_gpu": 1e15,
+                   "mfu": 1.5}, "mfu is a fraction and must not exceed 1"),
+]
+
+
+@pytest.mark.parametrize(("name", "inputs", "message"), BAD_INPUTS,
+                         ids=[f"{n}-{m[:30]}" for n, _, m in BAD_INPUTS])
+def test_bad_inputs_raise_a_value_error_naming_the_input(name: str, inputs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        getattr(calc, name)(**inputs)
+    assert str(excinfo.value).startswith(message)
