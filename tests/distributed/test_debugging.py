@@ -1,0 +1,55 @@
+"""The debugging page's recipes, run for real on gloo: what each tool shows for a broken job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, _kill_tree, torchrun
+
+pytestmark = pytest.mark.distributed
+
+DEMO = "reference_impl.debug_demos"
+
+
+def test_detail_mode_names_the_mismatched_collective_and_its_shapes() -> None:
+    run = torchrun(["mismatch", "--timeout-s", "20"], module=DEMO, timeout=90,
+                   env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    assert run.returncode != 0
+    assert "Detected mismatch between collectives" in run.stderr
+    assert "TensorShape=[4]" in run.stderr and "TensorShape=[5]" in run.stderr
+
+
+def test_without_detail_the_same_bug_gives_no_such_diagnosis() -> None:
+    run = torchrun(["mismatch", "--timeout-s", "20"], module=DEMO, timeout=90)
+    assert run.returncode != 0, "the job fails (a gloo size check or the timeout), but..."
+    assert "Detected mismatch between collectives" not in run.stderr, "...nothing names the collectives"
+
+
+@pytest.mark.timeout(120)
+def test_py_spy_dump_shows_the_rank_waiting_in_its_all_reduce() -> None:
+    py_spy = Path(sys.executable).with_name("py-spy")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", DEMO, "stuck", "--timeout-s", "60"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    try:
+        pid = None
+        deadline = time.monotonic() + 60
+        while pid is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("rank 0 pid "):
+                pid = int(line.split()[3])
+        assert pid, "rank 0 never started"
+        time.sleep(2)  # let it reach the collective
+        dump = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=30)
+    finally:
+        _kill_tree(proc)
+    assert dump.returncode == 0, dump.stderr
+    assert "all_reduce" in dump.stdout and "stuck_collective" in dump.stdout, dump.stdout
