@@ -1,0 +1,481 @@
+/*
+ * The handbook's calculators: the browser twins of reference_impl/calc.py.
+ *
+ * window.handbookCalc.<name>(inputs) takes an object with the same keys as the Python
+ * function's keyword arguments, applies the same defaults, and returns an object with the
+ * same keys as the Python dict; tests/browser/test_calculators.py compares the two on
+ * hundreds of random inputs. A bad input THROWS an Error whose message is the Python
+ * ValueError's (a missing or unknown key throws too, as Python's TypeError would); the
+ * forms catch it and show the message instead of a result.
+ *
+ * Each <div class="handbook-calc" data-calc="NAME"> on a page gets a form for NAME that
+ * recomputes on every keystroke. Plain JavaScript, no dependencies: the site works offline.
+ */
+(function () {
+  "use strict";
+
+  var STRATEGIES = ["ddp", "zero1", "zero2", "zero3", "fsdp"];
+  var MAX_COST_OVER_MTBF = 100;
+
+  // ------------------------------------------------------------ validation (as calc.py)
+
+  function repr(value) {
+    return typeof value === "string" ? "'" + value + "'" : String(value);
+  }
+
+  function number(name, value) {
+    if (typeof value !== "number" || !Number.isFinite(value)) {
+      throw new Error(name + " must be a finite number, got " + repr(value));
+    }
+    return value;
+  }
+
+  function positive(name, value) {
+    if (number(name, value) <= 0) throw new Error(name + " must be positive, got " + repr(value));
+    return value;
+  }
+
+  function nonNegative(name, value) {
+    if (number(name, value) < 0) throw new Error(name + " must not be negative, got " + repr(value));
+    return value;
+  }
+
+  function count(name, value, minimum) {
+    minimum = minimum === undefined ? 1 : minimum;
+    if (number(name, value) !== Math.floor(value) || value < minimum) {
+      throw new Error(name + " must be a whole number >= " + minimum + ", got " + repr(value));
+    }
+    return value;
+  }
+
+  function flag(name, value) {
+    if (typeof value !== "boolean") throw new Error(name + " must be true or false, got " + repr(value));
+    return value;
+  }
+
+  // Python's keyword-only signature, spelled out: required keys, then defaults.
+  function bind(fn, inputs, required, defaults) {
+    if (inputs === null || typeof inputs !== "object") throw new Error(fn + "() takes an object of inputs");
+    var args = {};
+    Object.keys(inputs).forEach(function (key) {
+      if (required.indexOf(key) < 0 && !(key in defaults)) {
+        throw new Error(fn + "() got an unexpected input '" + key + "'");
+      }
+      args[key] = inputs[key];
+    });
+    required.forEach(function (key) {
+      if (!(key in args)) throw new Error(fn + "() missing required input '" + key + "'");
+    });
+    Object.keys(defaults).forEach(function (key) {
+      if (!(key in args)) args[key] = defaults[key];
+    });
+    return args;
+  }
+
+  // ------------------------------------------------------------ the calculators
+
+  function memory(inputs) {
+    var x = bind("memory", inputs,
+      ["params", "world_size", "strategy", "seq_len", "micro_batch", "hidden", "n_heads", "n_layers"],
+      {activation_checkpointing: false, stores_attention_scores: false, param_bytes: 2, grad_bytes: 2,
+        master_bytes: 4, optimizer_bytes: 8});
+    var p = positive("params", x.params);
+    var n = count("world_size", x.world_size);
+    if (STRATEGIES.indexOf(x.strategy) < 0) {
+      throw new Error("strategy must be one of " + STRATEGIES.join(", ") + ", got " + repr(x.strategy));
+    }
+    var s = count("seq_len", x.seq_len), b = count("micro_batch", x.micro_batch);
+    var h = count("hidden", x.hidden), a = count("n_heads", x.n_heads), layers = count("n_layers", x.n_layers);
+    if (h % a) throw new Error("hidden (" + h + ") must be a multiple of n_heads (" + a + ")");
+    var checkpointing = flag("activation_checkpointing", x.activation_checkpointing);
+    var scores = flag("stores_attention_scores", x.stores_attention_scores);
+    var sizes = {
+      params_bytes: positive("param_bytes", x.param_bytes),
+      grads_bytes: nonNegative("grad_bytes", x.grad_bytes),
+      master_bytes: nonNegative("master_bytes", x.master_bytes),
+      optimizer_bytes: nonNegative("optimizer_bytes", x.optimizer_bytes)
+    };
+    var sharded = {
+      ddp: [], zero1: ["master_bytes", "optimizer_bytes"],
+      zero2: ["master_bytes", "optimizer_bytes", "grads_bytes"]
+    }[x.strategy] || Object.keys(sizes);
+    var out = {};
+    Object.keys(sizes).forEach(function (key) {
+      out[key] = p * sizes[key] / (sharded.indexOf(key) >= 0 ? n : 1);
+    });
+    var perLayer = s * b * h * (34 + (scores ? 5 * a * s / h : 0));
+    var activations = checkpointing ? layers * 2 * s * b * h + perLayer : layers * perLayer;
+    var state = out.params_bytes + out.grads_bytes + out.master_bytes + out.optimizer_bytes;
+    out.model_state_bytes = state;
+    out.activation_bytes_per_layer = perLayer;
+    out.activation_bytes = activations;
+    out.total_bytes = state + activations;
+    return out;
+  }
+
+  function ring_allreduce(inputs) {
+    var x = bind("ring_allreduce", inputs, ["size_bytes", "world_size", "bandwidth_bytes_per_s"],
+      {latency_s: 0});
+    var size = positive("size_bytes", x.size_bytes);
+    var n = count("world_size", x.world_size, 2);
+    var bandwidth = positive("bandwidth_bytes_per_s", x.bandwidth_bytes_per_s);
+    var latency = nonNegative("latency_s", x.latency_s);
+    var factor = 2 * (n - 1) / n;
+    var steps = 2 * (n - 1);
+    var time = factor * size / bandwidth + steps * latency;
+    return {bytes_per_rank: factor * size, steps: steps, time_s: time,
+      algorithm_bandwidth: size / time, bus_bandwidth: size / time * factor};
+  }
+
+  function fsdp_comm(inputs) {
+    var x = bind("fsdp_comm", inputs, ["params", "world_size", "bandwidth_bytes_per_s"],
+      {param_bytes: 2, grad_bytes: 2, reshard_after_forward: true});
+    var p = positive("params", x.params);
+    var n = count("world_size", x.world_size, 2);
+    var bandwidth = positive("bandwidth_bytes_per_s", x.bandwidth_bytes_per_s);
+    var gatherBytes = positive("param_bytes", x.param_bytes), reduceBytes = positive("grad_bytes", x.grad_bytes);
+    var gathers = flag("reshard_after_forward", x.reshard_after_forward) ? 2 : 1;
+    var share = (n - 1) / n;
+    var allGather = gathers * share * p * gatherBytes;
+    var reduceScatter = share * p * reduceBytes;
+    var total = allGather + reduceScatter;
+    var ddp = 2 * share * p * reduceBytes;
+    return {all_gather_bytes: allGather, reduce_scatter_bytes: reduceScatter, bytes_per_rank: total,
+      ddp_bytes_per_rank: ddp, ratio_to_ddp: total / ddp, time_s: total / bandwidth};
+  }
+
+  function tp_comm(inputs) {
+    var x = bind("tp_comm", inputs,
+      ["seq_len", "micro_batch", "hidden", "n_layers", "tp_degree", "bandwidth_bytes_per_s"],
+      {activation_bytes: 2});
+    var tokens = count("seq_len", x.seq_len) * count("micro_batch", x.micro_batch);
+    var h = count("hidden", x.hidden), layers = count("n_layers", x.n_layers);
+    var t = count("tp_degree", x.tp_degree, 2);
+    var bandwidth = positive("bandwidth_bytes_per_s", x.bandwidth_bytes_per_s);
+    var size = tokens * h * positive("activation_bytes", x.activation_bytes);
+    var perLayer = 4 * 2 * (t - 1) / t * size;
+    return {allreduce_bytes: size, allreduces_per_layer: 4, bytes_per_layer: perLayer,
+      bytes_per_microbatch: layers * perLayer, time_s: layers * perLayer / bandwidth};
+  }
+
+  function pipeline_bubble(inputs) {
+    var x = bind("pipeline_bubble", inputs, ["stages", "microbatches"], {interleave: 1});
+    var p = count("stages", x.stages), m = count("microbatches", x.microbatches);
+    var v = count("interleave", x.interleave);
+    if (v > 1 && m % p) {
+      throw new Error("an interleaved schedule needs microbatches (" + m + ") to be a multiple of stages (" + p + ")");
+    }
+    var bubble = (p - 1) / (v * m + p - 1);
+    return {bubble_fraction: bubble, bubble_over_ideal: (p - 1) / (v * m), efficiency: 1 - bubble};
+  }
+
+  function checkpoint_interval(inputs) {
+    var x = bind("checkpoint_interval", inputs, ["checkpoint_cost_s", "mtbf_s"], {restart_s: 0});
+    var c = positive("checkpoint_cost_s", x.checkpoint_cost_s), m = positive("mtbf_s", x.mtbf_s);
+    var r = nonNegative("restart_s", x.restart_s);
+    if (Math.max(c, r) > MAX_COST_OVER_MTBF * m) {
+      throw new Error("checkpoint_cost_s and restart_s must not exceed " + MAX_COST_OVER_MTBF + " x mtbf_s");
+    }
+    var young = Math.sqrt(2 * c * m);
+    var ratio = c / (2 * m);
+    var daly = c < 2 * m ? young * (1 + Math.sqrt(ratio) / 3 + ratio / 9) - c : m;
+    var dalyOverhead = m * Math.exp(r / m) * Math.expm1((daly + c) / m) / daly - 1;
+    return {young_interval_s: young, young_overhead_fraction: c / young + young / (2 * m),
+      daly_interval_s: daly, daly_overhead_fraction: dalyOverhead};
+  }
+
+  function mfu(inputs) {
+    var x = bind("mfu", inputs,
+      ["flops_per_sample", "samples_per_step", "step_time_s", "n_gpus", "peak_flops_per_gpu"], {});
+    var work = positive("flops_per_sample", x.flops_per_sample) * positive("samples_per_step", x.samples_per_step);
+    var time = positive("step_time_s", x.step_time_s), gpus = count("n_gpus", x.n_gpus);
+    var peak = positive("peak_flops_per_gpu", x.peak_flops_per_gpu);
+    var achieved = work / time / gpus;
+    return {samples_per_s: x.samples_per_step / time, achieved_flops_per_gpu: achieved,
+      mfu: achieved / peak, ideal_step_time_s: work / (gpus * peak)};
+  }
+
+  function step_time(inputs) {
+    var x = bind("step_time", inputs,
+      ["flops_per_sample", "samples_per_step", "n_gpus", "peak_flops_per_gpu", "mfu"], {});
+    var work = positive("flops_per_sample", x.flops_per_sample) * positive("samples_per_step", x.samples_per_step);
+    var gpus = count("n_gpus", x.n_gpus), peak = positive("peak_flops_per_gpu", x.peak_flops_per_gpu);
+    if (positive("mfu", x.mfu) > 1) throw new Error("mfu is a fraction and must not exceed 1, got " + repr(x.mfu));
+    var time = work / (gpus * peak * x.mfu);
+    return {step_time_s: time, samples_per_s: x.samples_per_step / time, achieved_flops_per_gpu: peak * x.mfu};
+  }
+
+  window.handbookCalc = {
+    memory: memory, ring_allreduce: ring_allreduce, fsdp_comm: fsdp_comm, tp_comm: tp_comm,
+    pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
+    step_time: step_time
+  };
+
+  // ------------------------------------------------------------ display
+
+  function plain(x) {
+    var size = Math.abs(x);
+    if (size === 0) return "0";
+    if (size >= 1000) return Math.round(x).toLocaleString("en-US");
+    if (size >= 100) return x.toFixed(0);
+    if (size >= 10) return x.toFixed(1);
+    if (size >= 1) return x.toFixed(2);
+    return x.toPrecision(3);
+  }
+
+  function seconds(x) {
+    if (x < 1) return plain(x * 1e3) + " ms";
+    if (x < 120) return plain(x) + " s";
+    if (x < 7200) return plain(x / 60) + " min";
+    return plain(x / 3600) + " h";
+  }
+
+  var FORMAT = {
+    bytes: function (x) { return plain(x / 1e9) + " GB"; },
+    rate: function (x) { return plain(x / 1e9) + " GB/s"; },
+    flops: function (x) { return plain(x / 1e12) + " TFLOP/s"; },
+    seconds: seconds,
+    percent: function (x) { return (100 * x).toFixed(1) + "%"; },
+    ratio: function (x) { return plain(x) + "×"; },
+    count: function (x) { return String(x); },
+    plain: plain
+  };
+
+  // Form fields: [input key, label, kind, default shown, scale from the shown unit to the input's].
+  // Kinds: "number", "check", or an array of choices.
+  var FORMS = {
+    memory: {
+      fields: [
+        ["params", "Parameters (billions)", "number", 7, 1e9],
+        ["world_size", "Data-parallel GPUs N", "number", 8],
+        ["strategy", "Strategy", STRATEGIES, "fsdp"],
+        ["seq_len", "Sequence length", "number", 2048],
+        ["micro_batch", "Micro-batch (sequences per GPU)", "number", 1],
+        ["hidden", "Hidden size", "number", 4096],
+        ["n_heads", "Attention heads", "number", 32],
+        ["n_layers", "Layers", "number", 32],
+        ["activation_checkpointing", "Activation checkpointing", "check", false],
+        ["stores_attention_scores", "Unfused attention (stores scores)", "check", false],
+        ["param_bytes", "Bytes/param: weights", "number", 2],
+        ["grad_bytes", "Bytes/param: gradients", "number", 2],
+        ["master_bytes", "Bytes/param: fp32 master copy", "number", 4],
+        ["optimizer_bytes", "Bytes/param: optimizer state", "number", 8]
+      ],
+      outputs: [
+        ["params_bytes", "Weights", "bytes"], ["grads_bytes", "Gradients", "bytes"],
+        ["master_bytes", "Master copy", "bytes"], ["optimizer_bytes", "Optimizer state", "bytes"],
+        ["model_state_bytes", "Model state", "bytes"],
+        ["activation_bytes_per_layer", "Activations per layer (no checkpointing)", "bytes"],
+        ["activation_bytes", "Activations, all layers", "bytes"], ["total_bytes", "Total per GPU", "bytes"]
+      ]
+    },
+    ring_allreduce: {
+      fields: [
+        ["size_bytes", "Size reduced (GB)", "number", 2, 1e9],
+        ["world_size", "Ranks N", "number", 8],
+        ["bandwidth_bytes_per_s", "Bandwidth per rank (GB/s)", "number", 50, 1e9],
+        ["latency_s", "Latency per step (µs)", "number", 0, 1e-6]
+      ],
+      outputs: [
+        ["bytes_per_rank", "Sent per rank", "bytes"], ["steps", "Steps", "count"],
+        ["time_s", "Time", "seconds"], ["algorithm_bandwidth", "Algorithm bandwidth", "rate"],
+        ["bus_bandwidth", "Bus bandwidth", "rate"]
+      ]
+    },
+    fsdp_comm: {
+      fields: [
+        ["params", "Parameters (billions)", "number", 1, 1e9],
+        ["world_size", "Ranks N", "number", 8],
+        ["bandwidth_bytes_per_s", "Bandwidth per rank (GB/s)", "number", 50, 1e9],
+        ["param_bytes", "Bytes per gathered parameter", "number", 2],
+        ["grad_bytes", "Bytes per reduced gradient", "number", 2],
+        ["reshard_after_forward", "Reshard after forward (gather again in backward)", "check", true]
+      ],
+      outputs: [
+        ["all_gather_bytes", "All-gathers, sent per rank", "bytes"],
+        ["reduce_scatter_bytes", "Reduce-scatter, sent per rank", "bytes"],
+        ["bytes_per_rank", "FSDP total per rank", "bytes"], ["ddp_bytes_per_rank", "DDP all-reduce per rank", "bytes"],
+        ["ratio_to_ddp", "FSDP / DDP", "ratio"], ["time_s", "Time (not overlapped)", "seconds"]
+      ]
+    },
+    tp_comm: {
+      fields: [
+        ["seq_len", "Sequence length", "number", 4096],
+        ["micro_batch", "Micro-batch (sequences)", "number", 1],
+        ["hidden", "Hidden size", "number", 8192],
+        ["n_layers", "Layers", "number", 80],
+        ["tp_degree", "TP degree t", "number", 8],
+        ["bandwidth_bytes_per_s", "Bandwidth per rank (GB/s)", "number", 400, 1e9],
+        ["activation_bytes", "Bytes per activation", "number", 2]
+      ],
+      outputs: [
+        ["allreduce_bytes", "One all-reduce", "bytes"], ["allreduces_per_layer", "All-reduces per layer", "count"],
+        ["bytes_per_layer", "Sent per rank per layer", "bytes"],
+        ["bytes_per_microbatch", "Sent per rank per micro-batch", "bytes"], ["time_s", "Time (not overlapped)", "seconds"]
+      ]
+    },
+    pipeline_bubble: {
+      fields: [
+        ["stages", "Stages p", "number", 4],
+        ["microbatches", "Micro-batches m", "number", 16],
+        ["interleave", "Chunks per stage v", "number", 1]
+      ],
+      outputs: [
+        ["bubble_fraction", "Bubble, share of the step", "percent"],
+        ["bubble_over_ideal", "Bubble over ideal compute", "percent"], ["efficiency", "Efficiency", "percent"]
+      ]
+    },
+    checkpoint_interval: {
+      fields: [
+        ["checkpoint_cost_s", "Blocking save cost C (s)", "number", 30],
+        ["mtbf_s", "Job MTBF M (hours)", "number", 3.093, 3600],
+        ["restart_s", "Restart time R (s)", "number", 60]
+      ],
+      outputs: [
+        ["young_interval_s", "Young interval", "seconds"], ["young_overhead_fraction", "Young overhead", "percent"],
+        ["daly_interval_s", "Daly interval", "seconds"], ["daly_overhead_fraction", "Daly overhead (with restarts)", "percent"]
+      ]
+    },
+    mfu: {
+      fields: [
+        ["flops_per_sample", "Training FLOPs per sample (TFLOP)", "number", 172.032, 1e12],
+        ["samples_per_step", "Samples per step (global batch)", "number", 256],
+        ["step_time_s", "Measured step time (s)", "number", 2],
+        ["n_gpus", "GPUs", "number", 64],
+        ["peak_flops_per_gpu", "Peak per GPU (TFLOP/s)", "number", 989, 1e12]
+      ],
+      outputs: [
+        ["samples_per_s", "Samples/s", "plain"], ["achieved_flops_per_gpu", "Achieved per GPU", "flops"],
+        ["mfu", "MFU", "percent"], ["ideal_step_time_s", "Step time at 100% MFU", "seconds"]
+      ]
+    },
+    step_time: {
+      fields: [
+        ["flops_per_sample", "Training FLOPs per sample (TFLOP)", "number", 172.032, 1e12],
+        ["samples_per_step", "Samples per step (global batch)", "number", 256],
+        ["n_gpus", "GPUs", "number", 64],
+        ["peak_flops_per_gpu", "Peak per GPU (TFLOP/s)", "number", 989, 1e12],
+        ["mfu", "Assumed MFU (%)", "number", 40, 0.01]
+      ],
+      outputs: [
+        ["step_time_s", "Step time", "seconds"], ["samples_per_s", "Samples/s", "plain"],
+        ["achieved_flops_per_gpu", "Achieved per GPU", "flops"]
+      ]
+    }
+  };
+
+  var STYLE = [
+    ".handbook-calc{border:1px solid var(--md-default-fg-color--lightest);border-radius:.2rem;",
+    "padding:.6rem .8rem;margin:1em 0;background:var(--md-code-bg-color);color:var(--md-default-fg-color)}",
+    ".handbook-calc form{display:grid;grid-template-columns:repeat(auto-fill,minmax(11rem,1fr));gap:.4rem .8rem;margin:.6rem 0}",
+    ".handbook-calc [hidden]{display:none}",
+    ".handbook-calc label{display:flex;flex-direction:column;font-size:.64rem}",
+    ".handbook-calc label.handbook-calc__check{flex-direction:row;align-items:center;gap:.3rem}",
+    ".handbook-calc input,.handbook-calc select{font:inherit;font-size:.7rem;padding:.15rem .3rem;",
+    "color:var(--md-default-fg-color);background:var(--md-default-bg-color);",
+    "border:1px solid var(--md-default-fg-color--lighter);border-radius:.1rem}",
+    ".handbook-calc input:focus,.handbook-calc select:focus{outline:2px solid var(--md-accent-fg-color)}",
+    ".handbook-calc table.handbook-calc__result{margin:.4rem 0 0;font-size:.7rem}",
+    ".handbook-calc td{padding:.1rem 1.2rem .1rem 0}",
+    ".handbook-calc output{font-weight:700;font-variant-numeric:tabular-nums}",
+    ".handbook-calc__error{color:var(--md-typeset-del-color,#d32f2f);font-weight:700}",
+    "[data-md-color-scheme=slate] .handbook-calc__error{color:#ff8a80}"
+  ].join("");
+
+  function addStyle() {
+    if (document.getElementById("handbook-calc-style")) return;
+    var style = document.createElement("style");
+    style.id = "handbook-calc-style";
+    style.textContent = STYLE;
+    document.head.appendChild(style);
+  }
+
+  function element(tag, attrs, text) {
+    var node = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (key) { node.setAttribute(key, attrs[key]); });
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function render(host) {
+    var name = host.getAttribute("data-calc");
+    var spec = FORMS[name];
+    if (!spec || host.querySelector("form")) return;
+    var form = element("form", {"aria-label": name + " calculator"});
+    form.addEventListener("submit", function (event) { event.preventDefault(); });
+    spec.fields.forEach(function (field) {
+      var key = field[0], kind = field[2], shown = field[3];
+      var label = element("label", kind === "check" ? {"class": "handbook-calc__check"} : {});
+      var input;
+      if (Array.isArray(kind)) {
+        input = element("select", {name: key});
+        kind.forEach(function (choice) { input.appendChild(element("option", {value: choice}, choice)); });
+        input.value = shown;
+      } else if (kind === "check") {
+        input = element("input", {name: key, type: "checkbox"});
+        input.checked = shown;
+      } else {
+        input = element("input", {name: key, type: "number", step: "any", value: String(shown)});
+      }
+      if (kind === "check") { label.appendChild(input); label.appendChild(document.createTextNode(field[1])); }
+      else { label.appendChild(document.createTextNode(field[1])); label.appendChild(input); }
+      form.appendChild(label);
+    });
+    var table = element("table", {"class": "handbook-calc__result"});
+    var body = element("tbody");
+    spec.outputs.forEach(function (out) {
+      var row = element("tr");
+      row.appendChild(element("td", {}, out[1]));
+      var cell = element("td");
+      cell.appendChild(element("output", {"data-output": out[0]}));
+      row.appendChild(cell);
+      body.appendChild(row);
+    });
+    table.appendChild(body);
+    var error = element("p", {"class": "handbook-calc__error", role: "alert", hidden: ""});
+    host.appendChild(form);
+    host.appendChild(table);
+    host.appendChild(error);
+
+    function update() {
+      var inputs = {};
+      spec.fields.forEach(function (field) {
+        var control = form.elements[field[0]], kind = field[2];
+        if (kind === "check") inputs[field[0]] = control.checked;
+        else if (Array.isArray(kind)) inputs[field[0]] = control.value;
+        // An empty box is NaN, which the calculator rejects with the input's name.
+        else inputs[field[0]] = (control.value === "" ? NaN : Number(control.value)) * (field[4] || 1);
+      });
+      try {
+        var result = window.handbookCalc[name](inputs);
+        spec.outputs.forEach(function (out) {
+          host.querySelector('output[data-output="' + out[0] + '"]').textContent = FORMAT[out[2]](result[out[0]]);
+        });
+        table.hidden = false;
+        error.hidden = true;
+      } catch (err) {
+        error.textContent = err.message;
+        error.hidden = false;
+        table.hidden = true;
+      }
+    }
+    form.addEventListener("input", update);
+    form.addEventListener("change", update);
+    update();
+  }
+
+  function renderAll() {
+    addStyle();
+    Array.prototype.forEach.call(document.querySelectorAll(".handbook-calc[data-calc]"), render);
+  }
+
+  // With navigation.instant, Material swaps page content without reloading scripts and
+  // announces each new page on its document$ observable; without it, DOMContentLoaded.
+  if (window.document$ && typeof window.document$.subscribe === "function") {
+    window.document$.subscribe(renderAll);
+  } else if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", renderAll);
+  } else {
+    renderAll();
+  }
+})();

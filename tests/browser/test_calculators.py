@@ -1,0 +1,261 @@
+"""The pages' calculators in Chromium: window.handbookCalc equals reference_impl.calc.
+
+Each JavaScript calculator runs on a few hundred random valid inputs (fixed seed), all in
+one `page.evaluate` per calculator, and must return the Python twin's keys with every
+number within 1e-9 relative error; bad inputs must throw the Python ValueError's message.
+One form is then driven like a user would, in light and dark mode.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from reference_impl import calc
+from test_calc import BAD_INPUTS
+from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+CASES = 250
+PLAYBOOK = "foundations/parallelism/"
+RUN_ALL = """
+(cases) => cases.map(([name, inputs]) => {
+  try { return {result: window.handbookCalc[name](inputs)}; }
+  catch (err) { return {error: String(err && err.message)}; }
+})
+"""
+
+
+def _log_uniform(rng: random.Random, low: float, high: float) -> float:
+    return 10 ** rng.uniform(math.log10(low), math.log10(high))
+
+
+def _maybe(rng: random.Random, inputs: dict, **optional) -> dict:
+    """Give each optional input half the time, so the JavaScript defaults are compared too."""
+    return {**inputs, **{k: v for k, v in optional.items() if rng.random() < 0.5}}
+
+
+def _memory(rng: random.Random) -> dict:
+    heads = rng.randint(1, 128)
+    return _maybe(rng, {
+        "params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(1, 4096),
+        "strategy": rng.choice(calc.STRATEGIES), "seq_len": rng.randint(1, 131_072),
+        "micro_batch": rng.randint(1, 64), "hidden": heads * rng.randint(1, 256), "n_heads": heads,
+        "n_layers": rng.randint(1, 160)},
+        activation_checkpointing=rng.random() < 0.5, stores_attention_scores=rng.random() < 0.5,
+        param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([0, 2, 4]),
+        master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]))
+
+
+def _ring_allreduce(rng: random.Random) -> dict:
+    return _maybe(rng, {"size_bytes": _log_uniform(rng, 1e3, 1e12), "world_size": rng.randint(2, 100_000),
+                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                  latency_s=rng.choice([0.0, _log_uniform(rng, 1e-7, 1e-3)]))
+
+
+def _fsdp_comm(rng: random.Random) -> dict:
+    return _maybe(rng, {"params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(2, 100_000),
+                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                  param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([1, 2, 4]),
+                  reshard_after_forward=rng.random() < 0.5)
+
+
+def _tp_comm(rng: random.Random) -> dict:
+    return _maybe(rng, {"seq_len": rng.randint(1, 131_072), "micro_batch": rng.randint(1, 64),
+                        "hidden": rng.randint(1, 65_536), "n_layers": rng.randint(1, 160),
+                        "tp_degree": rng.randint(2, 64), "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                  activation_bytes=rng.choice([1, 2, 4]))
+
+
+def _pipeline_bubble(rng: random.Random) -> dict:
+    stages, interleave = rng.randint(1, 64), rng.choice([1, 1, 2, 3, 4, 8])
+    if interleave == 1:
+        return _maybe(rng, {"stages": stages, "microbatches": rng.randint(1, 1024)}, interleave=1)
+    return {"stages": stages, "microbatches": stages * rng.randint(1, 64), "interleave": interleave}
+
+
+def _checkpoint_interval(rng: random.Random) -> dict:
+    mtbf = _log_uniform(rng, 10, 1e7)
+    cost = rng.choice([
+        _log_uniform(rng, 1e-6 * mtbf, 0.5 * mtbf), _log_uniform(rng, 1e-6 * mtbf, 0.5 * mtbf),
+        _log_uniform(rng, 1e-3 * mtbf, 50 * mtbf),
+        2 * mtbf,  # the edge of Daly's formula: both twins must pick the same branch
+    ])
+    return _maybe(rng, {"checkpoint_cost_s": cost, "mtbf_s": mtbf},
+                  restart_s=rng.uniform(0, 50 * mtbf) if rng.random() < 0.2 else rng.uniform(0, 0.1 * mtbf))
+
+
+def _mfu(rng: random.Random) -> dict:
+    return {"flops_per_sample": _log_uniform(rng, 1e6, 1e16), "samples_per_step": rng.choice(
+        [rng.randint(1, 100_000), rng.uniform(0.5, 1e5)]), "step_time_s": _log_uniform(rng, 1e-3, 1e3),
+        "n_gpus": rng.randint(1, 100_000), "peak_flops_per_gpu": _log_uniform(rng, 1e12, 1e16)}
+
+
+def _step_time(rng: random.Random) -> dict:
+    inputs = _mfu(rng)
+    del inputs["step_time_s"]
+    return {**inputs, "mfu": rng.uniform(1e-3, 1.0)}
+
+
+GENERATORS = {"memory": _memory, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
+              "tp_comm": _tp_comm, "pipeline_bubble": _pipeline_bubble,
+              "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time}
+
+
+@pytest.fixture(scope="module")
+def page(browser, server):  # noqa: F811 - the fixtures imported above
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    page.goto(server + PLAYBOOK, wait_until="load")
+    page.wait_for_function("() => window.handbookCalc !== undefined")
+    yield page
+    context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_every_calculator_has_a_python_twin_and_a_page() -> None:
+    """The contract both ways: the same names in calc.py, calculators.js and the pages."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    script = (docs / "javascripts" / "calculators.js").read_text(encoding="utf-8")
+    exported = re.search(r"window\.handbookCalc = \{(?P<body>[^}]*)\}", script)["body"]
+    js_names = set(re.findall(r"(\w+):", exported))
+    on_pages = {m for p in docs.rglob("*.md") for m in re.findall(r'data-calc="(\w+)"', p.read_text("utf-8"))}
+    assert js_names == set(GENERATORS) == on_pages
+    assert all(callable(getattr(calc, name)) for name in js_names)
+
+
+def _close(js: object, py: object) -> bool:
+    if isinstance(py, bool) or isinstance(py, str):
+        return js == py
+    return isinstance(js, (int, float)) and not isinstance(js, bool) and math.isclose(js, py, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATORS))
+def test_browser_twin_matches_python(page, name: str) -> None:
+    rng = random.Random(f"handbook-calc-{name}")
+    cases = [GENERATORS[name](rng) for _ in range(CASES)]
+    expected = [getattr(calc, name)(**inputs) for inputs in cases]  # all valid: none raises
+    answers = page.evaluate(RUN_ALL, [[name, inputs] for inputs in cases])
+    mismatches = []
+    for inputs, py, js in zip(cases, expected, answers):
+        if "error" in js:
+            mismatches.append(f"{inputs}: JavaScript threw {js['error']!r}")
+        elif set(js["result"]) != set(py):
+            mismatches.append(f"{inputs}: keys {sorted(js['result'])} != {sorted(py)}")
+        else:
+            bad = {k: (js["result"][k], v) for k, v in py.items() if not _close(js["result"][k], v)}
+            if bad:
+                mismatches.append(f"{inputs}: (js, py) {bad}")
+    assert not mismatches, f"{len(mismatches)} of {CASES} differ:\n" + "\n".join(mismatches[:10])
+
+
+def test_bad_inputs_throw_the_python_message(page) -> None:
+    cases = BAD_INPUTS + [("ring_allreduce", {"size_bytes": 1e9, "world_size": 4}, None),
+                          ("pipeline_bubble", {"stages": 4, "microbatches": 8, "stage": 2}, None)]
+    answers = page.evaluate(RUN_ALL, [[name, inputs] for name, inputs, _ in cases])
+    for (name, inputs, _), js in zip(cases, answers):
+        with pytest.raises((ValueError, TypeError)) as python:  # TypeError: a missing or unknown input
+            getattr(calc, name)(**inputs)
+        assert "error" in js, f"{name}({inputs}) returned {js} instead of throwing"
+        if python.type is ValueError:
+            # The messages agree up to the offending value, which each language prints its way.
+            assert js["error"].split(", got")[0] == str(python.value).split(", got")[0]
+        else:
+            assert re.search(r"(missing required|unexpected) input '\w+'", js["error"]), js["error"]
+
+
+def _shown(form, key: str) -> str:
+    return form.locator(f'output[data-output="{key}"]').inner_text()
+
+
+def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa: F811
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + PLAYBOOK, wait_until="load")
+        form = page.locator('.handbook-calc[data-calc="ring_allreduce"]')
+        form.get_by_label("Size reduced (GB)").fill("4")
+        form.get_by_label("Ranks N").fill("16")
+        form.get_by_label("Bandwidth per rank (GB/s)").fill("25")
+        form.get_by_label("Latency per step (µs)").fill("10")
+        python = calc.ring_allreduce(size_bytes=4e9, world_size=16, bandwidth_bytes_per_s=25e9, latency_s=10e-6)
+        assert _shown(form, "bytes_per_rank") == "7.50 GB" == f"{python['bytes_per_rank'] / 1e9:.2f} GB"
+        assert _shown(form, "steps") == "30" == str(python["steps"])
+        assert _shown(form, "time_s") == f"{python['time_s'] * 1e3:.0f} ms" == "300 ms"
+        # A bad value replaces the result with the calculator's own message.
+        form.get_by_label("Ranks N").fill("1")
+        assert form.get_by_role("alert").inner_text() == "world_size must be a whole number >= 2, got 1"
+        assert not form.locator("table").is_visible()
+        form.get_by_label("Ranks N").fill("2")
+        assert not form.get_by_role("alert").is_visible()
+        assert _shown(form, "bytes_per_rank") == "4.00 GB"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def _rgba(css: str) -> tuple[float, float, float, float]:
+    r, g, b, *alpha = (float(v) for v in re.findall(r"[\d.]+", css))
+    return r, g, b, alpha[0] if alpha else 1.0
+
+
+def _over(top: str, below: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Composite a possibly translucent colour over an opaque one (Material's greys are rgba)."""
+    *rgb, a = _rgba(top)
+    return tuple(a * c + (1 - a) * u for c, u in zip(rgb, below))
+
+
+def _luminance(rgb: tuple[float, float, float]) -> float:
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in (v / 255 for v in rgb)]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _contrast(colours: list[str]) -> float:
+    """WCAG contrast of text colour over its background over the page background."""
+    text, background, page = colours
+    base = _over(background, _rgba(page)[:3])
+    hi, lo = sorted((_luminance(_over(text, base)), _luminance(base)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+# The text colour of an element, the background it sits on (its own, if it has one, else
+# the calculator's), and the page's.
+COLOURS = """(sel) => {
+  const el = document.querySelector(sel), own = getComputedStyle(el).backgroundColor;
+  const host = getComputedStyle(el.closest(".handbook-calc")).backgroundColor;
+  return [getComputedStyle(el).color, own === "rgba(0, 0, 0, 0)" ? host : own,
+          getComputedStyle(document.body).backgroundColor];
+}"""
+
+
+def test_forms_are_readable_in_light_and_dark_mode_and_after_instant_navigation(browser, server) -> None:  # noqa: F811
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server, wait_until="load")
+        # Arrive by clicks: Material swaps the page in without reloading the script.
+        page.locator(".md-tabs a", has_text="Reliability").first.click()
+        page.locator(".md-nav a:visible", has_text="Performance model").first.click()
+        page.wait_for_url("**/reliability/performance/")
+        form = page.locator('.handbook-calc[data-calc="mfu"]')
+        form.locator("output[data-output=mfu]").wait_for()
+        python = calc.mfu(flops_per_sample=172.032e12, samples_per_step=256, step_time_s=2, n_gpus=64,
+                          peak_flops_per_gpu=989e12)
+        assert _shown(form, "mfu") == f"{100 * python['mfu']:.1f}%"
+        schemes = []
+        for _ in range(2):
+            schemes.append(page.evaluate("() => document.body.getAttribute('data-md-color-scheme')"))
+            for part in ("input", "output", "label", "p"):
+                colours = page.evaluate(COLOURS, f'.handbook-calc[data-calc="mfu"] {part}')
+                assert _contrast(colours) >= 4.5, f"{schemes[-1]}: {part} {colours}"
+            page.locator("form[data-md-component=palette] label:visible").first.click()
+            page.wait_for_function(f"() => document.body.getAttribute('data-md-color-scheme') !== {schemes[-1]!r}")
+        assert set(schemes) == {"default", "slate"}
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
