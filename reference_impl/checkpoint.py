@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,9 +37,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from reference_impl.checkpoint_validate import (DCP_DIR, FORMAT, MANIFEST, TRAIN_FILE, CheckpointError,
-                                                IncompatibleCheckpoint, check_contents, digest_file, member,
+                                                check_compatible, check_contents, digest_file, member,
                                                 published, rank_file, read_manifest, verify)
 from reference_impl.config import TrainConfig
+from reference_impl.step import lr_multiplier
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector, enospc
 from reference_impl.metrics import EventLog
@@ -46,6 +48,7 @@ from reference_impl.parallel import unwrap
 from reference_impl.state import rng_state, set_rng_state
 
 PROGRESS = "progress.json"
+SCHEDULE_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "max_steps")  # what lr_multiplier reads
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -139,12 +142,9 @@ def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLo
     if saver:
         saver.wait()  # one save in flight at a time
     root = Path(cfg.checkpoint_dir or "")
-    tmp, final = root / f".tmp-step-{state.step:08d}", step_dir(root, state.step)
-    if ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)  # debris of an earlier crash at this step
-        tmp.mkdir(parents=True)
-    _barrier(ctx)
+    tmp, final = _temporary_dir(root, state.step, ctx), step_dir(root, state.step)
     limit, sharded = faults.write_limit(state.step), cfg.strategy == "fsdp"
+    files, error = {}, None
     try:
         mine = rank_file(ctx.rank)
         files = {mine: _write(tmp / mine, {"rank": ctx.rank, "rng": rng_state()}, limit)}
@@ -159,8 +159,8 @@ def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLo
                                        "optimizer": state.optimizer.state_dict()}),
             }, limit)
     except OSError as exc:
-        raise CheckpointError(f"writing the checkpoint of step {state.step} failed: {exc}; "
-                              f"published checkpoints are untouched") from exc
+        error = exc
+    _agree_written(error, tmp, state.step, ctx)
     files = _gather_files(files, ctx)
     meta = {"format": FORMAT, "step": state.step, "epoch": state.sampler.epoch,
             "world_size": ctx.world_size, "layout": "dcp" if sharded else "torch_save",
@@ -182,6 +182,44 @@ def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLo
 # --8<-- [end:checkpoint_save]
 
 
+def _temporary_dir(root: Path, step: int, ctx: DistContext) -> Path:
+    """A fresh directory for this save, named after its writer (host and pid of rank 0).
+
+    Only the holder of the directory lock writes here, but a unique name still keeps two
+    writers that bypass the lock (or a reused name after a crash) from sharing files.
+    """
+    name = [f".tmp-step-{step:08d}.{socket.gethostname()}.{os.getpid()}"]
+    if ctx.is_main:
+        tmp = root / name[0]
+        remove(tmp)
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as exc:
+            raise CheckpointError(f"creating {tmp} failed: {exc}; published checkpoints are untouched") from exc
+    if ctx.distributed:
+        dist.broadcast_object_list(name, src=0)  # after rank 0 created it
+    return root / name[0]
+
+
+def _agree_written(error: OSError | None, tmp: Path, step: int, ctx: DistContext) -> None:
+    """Raise `CheckpointError` on every rank if any rank failed to write its part.
+
+    All ranks learn of the failure (a rank that failed alone would leave its peers
+    waiting in the next collective), and rank 0 removes the temporary directory, so a
+    full disk leaves no debris behind to fill it further.
+    """
+    failed = torch.tensor(float(error is not None), device=ctx.device)
+    if ctx.distributed:
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if not failed.item():
+        return
+    if ctx.is_main:
+        remove(tmp)
+    reason = error or "another rank failed to write its part"
+    raise CheckpointError(f"writing the checkpoint of step {step} failed: {reason}; "
+                          "published checkpoints are untouched") from error
+
+
 class Publication:
     """Rank 0's last act of a save: manifest, fsync, atomic rename, retention, event."""
 
@@ -193,6 +231,21 @@ class Publication:
 
     def __call__(self) -> None:
         self.faults.before_publish(self.meta["step"])
+        try:
+            files = self._commit()
+        except OSError as exc:
+            remove(self.tmp)
+            raise CheckpointError(f"publishing the checkpoint of step {self.meta['step']} failed: {exc}; "
+                                  "published checkpoints are untouched") from exc
+        for old in published(self.final.parent)[self.keep_last:]:
+            remove(old)
+        extra = {} if self.blocked_s is None else {"blocked_s": round(self.blocked_s, 4)}
+        self.log.emit("checkpoint_saved", step=self.meta["step"], path=str(self.final),
+                      bytes=sum(f["bytes"] for f in files.values()),
+                      save_s=round(time.perf_counter() - self.started, 4), **extra)
+
+    def _commit(self) -> dict[str, Any]:
+        """Write the manifest and rename into place; return every file it lists."""
         files = dict(self.files)
         for path in sorted((self.tmp / DCP_DIR).rglob("*")) if (self.tmp / DCP_DIR).exists() else []:
             files[str(path.relative_to(self.tmp))] = digest_file(path)  # DCP wrote these
@@ -207,12 +260,7 @@ class Publication:
         remove(self.final)
         os.rename(self.tmp, self.final)  # the commit point
         _fsync_dir(self.final.parent)
-        for old in published(self.final.parent)[self.keep_last:]:
-            remove(old)
-        extra = {} if self.blocked_s is None else {"blocked_s": round(self.blocked_s, 4)}
-        self.log.emit("checkpoint_saved", step=self.meta["step"], path=str(self.final),
-                      bytes=sum(f["bytes"] for f in files.values()),
-                      save_s=round(time.perf_counter() - self.started, 4), **extra)
+        return files
 
 
 class AsyncSaver:
@@ -287,38 +335,74 @@ def load_file(path: Path) -> Any:
 
 
 def record_progress(cfg: TrainConfig, ctx: DistContext, step: int) -> None:
-    """Rank 0 notes the furthest step reached, to count the steps a restart replays."""
+    """Rank 0 notes the furthest step reached, to count the steps a restart replays.
+
+    Raises:
+        CheckpointError: The note cannot be written (a full disk), as for a failed save.
+    """
     if not (ctx.is_main and cfg.checkpoint_dir):
         return
     root = Path(cfg.checkpoint_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{PROGRESS}.tmp"
-    tmp.write_text(json.dumps({"step": step}))
-    os.replace(tmp, root / PROGRESS)
+    tmp = root / f".{PROGRESS}.{os.getpid()}.tmp"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"step": step}))
+        os.replace(tmp, root / PROGRESS)
+    except OSError as exc:
+        remove(tmp)
+        raise CheckpointError(f"recording progress (step {step}) in {root} failed: {exc}; "
+                              "published checkpoints are untouched") from exc
+
+
+def remove_debris(root: Path) -> None:
+    """Delete the temporary files of earlier writers (crashed saves, progress notes).
+
+    Call only while holding the directory's lock: then no other writer is alive.
+    """
+    if root.is_dir():
+        for path in root.iterdir():
+            if path.name.startswith(".tmp-step-") or (path.name.startswith(f".{PROGRESS}.")
+                                                     and path.name.endswith(".tmp")):
+                remove(path)
 
 
 def _steps_replayed(root: Path, restored: int) -> int:
     try:
-        reached = json.loads((root / PROGRESS).read_text())["step"]
-    except (OSError, ValueError, KeyError):
+        reached = int(json.loads((root / PROGRESS).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
         return 0
     return max(0, reached - restored)
 
 
-def check_compatible(manifest: dict[str, Any], cfg: TrainConfig) -> None:
-    """Refuse to resume when a field that decides what a step computes has changed.
+def rebase_schedule(state: Any, cfg: TrainConfig, saved_fields: dict[str, Any], log: EventLog) -> None:
+    """Continue on the schedule `cfg` defines when an allowed change altered it.
 
-    Raises:
-        IncompatibleCheckpoint: Naming each field, its saved and its current value.
+    The restored scheduler and optimizer carry the old schedule's base rate and next
+    rate; left alone, the new fields would take effect one step late and only partly.
+    The event shows the rate the old and the new schedule give the next step.
     """
-    saved, now = manifest["resume_fields"], cfg.resume_fields()
-    changed = [k for k in sorted(set(saved) | set(now))
-               if saved.get(k) != now.get(k) and k not in cfg.allow_config_change]
-    if changed:
-        detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in changed)
-        raise IncompatibleCheckpoint(
-            f"checkpoint at step {manifest['step']} is incompatible ({detail}); "
-            "allow a deliberate change with --allow-config-change FIELD[,FIELD]")
+    changed = [f for f in SCHEDULE_FIELDS if saved_fields.get(f) != getattr(cfg, f)]
+    if not changed or "scheduler" in cfg.resume_skip:
+        return
+    old_lr = state.optimizer.param_groups[0]["lr"]
+    state.scheduler.base_lrs = [cfg.lr for _ in state.optimizer.param_groups]
+    new_lr = cfg.lr * lr_multiplier(state.step, cfg)
+    for group in state.optimizer.param_groups:
+        group["lr"] = new_lr
+    log.progress("lr_schedule_changed", step=state.step, changed=changed, old_lr=old_lr, new_lr=new_lr)
+
+
+def prune(root: Path, restored: Path, keep_last: int, log: EventLog) -> None:
+    """Apply retention before training: keep `restored` and the newest older ones.
+
+    A relaunch with a smaller `keep_last` frees room before its first save, which a
+    full disk needs; newer entries that failed validation are left for inspection.
+    """
+    older = [p for p in published(root) if p.name < restored.name][max(keep_last - 1, 0):]
+    for path in older:
+        remove(path)
+    if older:
+        log.progress("checkpoints_pruned", paths=[str(p) for p in older], keep_last=keep_last)
 
 
 def choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any], Any] | None:
@@ -383,6 +467,7 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
     if "data" not in skip:
         state.sampler.load_state_dict(saved["sampler"])
     state.step = saved["step"]
+    rebase_schedule(state, cfg, manifest["resume_fields"], log)
     if "rng" not in skip:
         if manifest["world_size"] == ctx.world_size:
             set_rng_state(load_file(path / rank_file(ctx.rank))["rng"])
@@ -392,5 +477,7 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
     log.progress("checkpoint_restored", step=state.step, path=str(path), restart_count=ctx.restart_count,
                  steps_replayed=_steps_replayed(Path(cfg.checkpoint_dir), state.step),
                  restore_s=round(time.perf_counter() - t0, 4), skipped_parts=sorted(skip))
+    if ctx.is_main and state.step < cfg.max_steps:  # at the end nothing is trained or deleted
+        prune(Path(cfg.checkpoint_dir), path, cfg.keep_last, log)
     return state.step
 # --8<-- [end:checkpoint_restore]

@@ -22,8 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import fields
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from reference_impl.config import STRUCTURAL_FIELDS, TrainConfig
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -202,3 +205,41 @@ def newest_manifest(root: Path) -> dict[str, Any] | None:
         except CheckpointError:
             continue
     return None
+
+
+def check_compatible(manifest: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse to resume when a field that decides what a step computes has changed.
+
+    The message suggests `--allow-config-change` only for fields it can allow, and for
+    a changed global batch the micro-batch and accumulation that keep it.
+
+    Raises:
+        IncompatibleCheckpoint: Naming each field, its saved and its current value.
+    """
+    saved, now = manifest["resume_fields"], cfg.resume_fields()
+    changed = [k for k in sorted(set(saved) | set(now))
+               if saved.get(k) != now.get(k) and k not in cfg.allow_config_change]
+    if not changed:
+        return
+    names = {f.name for f in fields(TrainConfig)}
+    allowable = [k for k in changed if k in names and k not in STRUCTURAL_FIELDS]
+    fixed = [k for k in changed if k not in allowable and k != "global_batch_size"]
+    hints = [f"allow a deliberate change with --allow-config-change {','.join(allowable)}"] if allowable else []
+    if "global_batch_size" in changed:
+        hints.append(_batch_hint(saved.get("global_batch_size"), cfg))
+    if fixed:
+        hints.append(f"{', '.join(fixed)} cannot change on resume")
+    detail = ", ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in changed)
+    raise IncompatibleCheckpoint(f"checkpoint at step {manifest['step']} is incompatible ({detail}); "
+                                 + "; ".join(hints))
+
+
+def _batch_hint(batch: Any, cfg: TrainConfig) -> str:
+    """How to keep the checkpoint's global batch at this world size, if any way exists."""
+    world = cfg.world_size
+    if not isinstance(batch, int) or batch % world:
+        return f"the global batch cannot change on resume, and {batch!r} does not split over {world} ranks"
+    per_rank = batch // world
+    accum = cfg.grad_accum_steps if per_rank % cfg.grad_accum_steps == 0 else 1
+    return (f"the global batch cannot change on resume: keep {batch} at world size {world} with "
+            f"--micro-batch-size {per_rank // accum} --grad-accum-steps {accum}")

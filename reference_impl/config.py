@@ -25,20 +25,27 @@ MODELS = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
-FAIL_MODES = ("sigkill", "hang", "crash-mid-write", "crash-before-publish", "write-error")
+FAIL_MODES = ("sigkill", "sigterm", "hang", "crash-mid-write", "crash-before-publish", "write-error")
 SAVE_FAULTS = ("crash-mid-write", "crash-before-publish", "write-error")
 RESUMABLE_PARTS = ("rng", "data", "scheduler", "scaler")
 # Fields that never change what a step computes: they may differ freely on resume. The
 # micro-batch size and accumulation may change as long as the global batch does not
-# (that is how a run moves to another world size).
-OPERATIONAL_FIELDS = ("max_steps", "micro_batch_size", "grad_accum_steps", "num_workers", "device",
+# (that is how a run moves to another world size). max_steps is not among them: the
+# cosine schedule decays towards it, so changing it changes every later learning rate.
+OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "device",
                       "pg_timeout_s", "log_every", "activation_checkpointing", "fsdp_grad_sync",
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
-                      "fail_mode", "resume_skip", "world_size")
+                      "fail_mode", "resume_skip", "world_size", "preempt_grace_s")
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
                      "vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "dataset_size", "seed")
+# torch accepts seeds up to 2**64 - 1, and the sampler seeds each epoch with
+# seed * SEED_STRIDE + epoch: the largest valid seed depends on how many epochs can run.
+TORCH_SEED_MAX = 2**64 - 1
+SEED_STRIDE = 1_000_003
+MAX_NUM_WORKERS = 64
+NAME_MAX = 255  # bytes per path component on Linux file systems
 
 
 class ConfigError(ValueError):
@@ -129,10 +136,15 @@ class TrainConfig:
     """Fault injection: on restart attempt i, fail at step fail_at_step[i] (comma-separated)."""
     fail_rank: int = 0
     """Fault injection: the rank that fails."""
-    fail_mode: Literal["sigkill", "hang", "crash-mid-write", "crash-before-publish", "write-error"] = "sigkill"
-    """Fault injection: SIGKILL before the step, hang before it, or fail while saving that step."""
+    fail_mode: Literal["sigkill", "sigterm", "hang", "crash-mid-write", "crash-before-publish",
+                       "write-error"] = "sigkill"
+    """Fault injection: SIGKILL or SIGTERM before the step, hang before it, or fail while saving that step."""
     resume_skip: tuple[str, ...] = ()
     """Demonstration only: leave these parts out of the restore (rng,data,scheduler,scaler)."""
+    preempt_grace_s: float = 25.0
+    """On SIGTERM, save a checkpoint at the next step boundary and exit with status 75; if
+    that takes longer than this many seconds, exit with status 1 (the last published
+    checkpoint stands). Keep it below the scheduler's kill delay (torchrun: 30 s)."""
     world_size: int = 1
     """Number of processes; read from torchrun's WORLD_SIZE, not a flag."""
 
@@ -171,7 +183,7 @@ class TrainConfig:
         for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank"):
             if getattr(self, name) < 0:
                 _fail(f"{name} must be >= 0 (got {getattr(self, name)})")
-        for name in ("lr", "pg_timeout_s", "fp16_init_scale"):
+        for name in ("lr", "pg_timeout_s", "fp16_init_scale", "preempt_grace_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 _fail(f"{name} must be a positive finite number (got {value})")
@@ -179,6 +191,16 @@ class TrainConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 _fail(f"{name} must be a finite number >= 0 (got {value})")
+        max_seed = (TORCH_SEED_MAX - self.max_steps) // SEED_STRIDE  # an epoch takes >= 1 step
+        if self.seed > max_seed:
+            _fail(f"seed must be in [0, {max_seed}] (got {self.seed}): the sampler seeds torch with "
+                  f"seed x {SEED_STRIDE} + epoch, which must stay below 2**64")
+        if self.num_workers > MAX_NUM_WORKERS:
+            _fail(f"num_workers must be <= {MAX_NUM_WORKERS} per rank (got {self.num_workers})")
+        for name in ("checkpoint_dir", "sample_log"):
+            path = getattr(self, name)
+            if path and any(len(part.encode()) > NAME_MAX for part in path.split(os.sep)):
+                _fail(f"{name} has a path component longer than {NAME_MAX} bytes")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             _fail(f"min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
         if not 0.0 <= self.dropout < 1.0:

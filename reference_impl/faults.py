@@ -37,11 +37,13 @@ class FaultInjector:
         return injector
 
     def before_step(self, step: int) -> None:
-        """SIGKILL this process, or hang it, before `step` runs."""
+        """SIGKILL or SIGTERM this process, or hang it, before `step` runs."""
         if step != self.step:
             return
         if self.mode == "sigkill":
             kill_self()
+        elif self.mode == "sigterm":  # what a scheduler sends before preempting the node
+            os.kill(os.getpid(), signal.SIGTERM)
         elif self.mode == "hang":
             while True:  # a stuck rank: its peers block in the next collective
                 time.sleep(3600)

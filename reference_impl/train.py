@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +23,14 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 
-from reference_impl.checkpoint import (AsyncSaver, check_compatible, record_progress, restore_checkpoint,
+from reference_impl.checkpoint import (AsyncSaver, record_progress, remove_debris, restore_checkpoint,
                                        save_checkpoint)
-from reference_impl.checkpoint_validate import IncompatibleCheckpoint, newest_manifest
+from reference_impl.checkpoint_validate import IncompatibleCheckpoint, check_compatible, newest_manifest
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
+from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock, Preemption, die_with_parent
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import wrap_model
@@ -47,6 +49,7 @@ class TrainState:
     sampler: ResumableDistributedSampler
     loader: DataLoader[Sample]
     step: int = 0
+    preempted: bool = False
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
@@ -75,12 +78,14 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
 class SampleLog:
     """Appends, per rank, the dataset indices of every committed optimizer step (JSONL).
 
-    After a restore the log is cut back to the restored step, so it always describes the
-    training history the final model actually went through, replays included once.
+    At every start the log is cut back to the restored step (0 without a checkpoint), so
+    it always describes the training history the final model actually went through,
+    replays included once.
     """
 
-    def __init__(self, directory: str | None, rank: int) -> None:
-        self.path = Path(directory) / f"rank{rank}.jsonl" if directory else None
+    def __init__(self, directory: str | None, ctx: DistContext) -> None:
+        self.path = Path(directory) / f"rank{ctx.rank}.jsonl" if directory else None
+        self.ctx = ctx
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -92,14 +97,23 @@ class SampleLog:
                                     "indices": torch.cat(indices).tolist()}) + "\n")
 
     def truncate(self, step: int) -> None:
-        """Drop the entries after `step` (steps that will be trained again)."""
-        if not (self.path and self.path.exists()):
+        """Drop the entries after `step` (steps that will be trained again), for every rank.
+
+        Rank 0 cuts the file of every rank that ever wrote, not only the live ones: after
+        a change to a smaller world size, a departed rank's entries for replayed steps
+        would otherwise stay. The barrier keeps every rank from appending before that.
+        """
+        if not self.path:
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line and json.loads(line)["step"] <= step]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        if self.ctx.is_main:
+            for file in sorted(self.path.parent.glob("rank*.jsonl")):
+                keep = [line for line in file.read_text().splitlines()
+                        if line and json.loads(line)["step"] <= step]
+                tmp = file.with_suffix(".tmp")
+                tmp.write_text("".join(line + "\n" for line in keep))
+                os.replace(tmp, file)
+        if self.ctx.distributed:
+            dist.barrier()
 
 
 class NonFiniteLoss(RuntimeError):
@@ -140,20 +154,19 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     """Resume if a checkpoint exists, train to `cfg.max_steps`, return the final state."""
     torch.manual_seed(cfg.seed + ctx.rank)  # per-rank stream (dropout); weights are seeded apart
     state = state or build_state(cfg, ctx)
-    timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx.rank)
+    timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx)
     faults, saver = FaultInjector(cfg, ctx), AsyncSaver(cfg.pg_timeout_s) if cfg.async_checkpoint else None
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size,
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
     with timer.phase("restore", host=True):
-        if (restored := restore_checkpoint(state, cfg, ctx, log)) is not None:
-            samples.truncate(restored)
+        samples.truncate(restore_checkpoint(state, cfg, ctx, log) or 0)
     nonfinite = torch.zeros((), device=ctx.device)  # a device flag: checking it costs no sync
     state.model.train()
     try:
-        with Watchdog(cfg.step_timeout_s, timer, log) as watchdog:
+        with Watchdog(cfg.step_timeout_s, timer, log) as watchdog, Preemption(cfg.preempt_grace_s, ctx, log) as stop:
             for batches in step_batches(state, cfg):
-                if state.step == cfg.max_steps:
+                if state.step >= cfg.max_steps:  # a restore at or past the end trains nothing
                     break
                 faults.before_step(state.step + 1)
                 loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
@@ -168,12 +181,15 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                     on_step(state)
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
                     log_step(state, cfg, ctx, log, loss, timer, meter)
-                if cfg.is_checkpoint_step(state.step):
+                state.preempted = stop.should_stop()  # every rank stops after the same step
+                if cfg.is_checkpoint_step(state.step) or (state.preempted and cfg.checkpoint_dir):
                     if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
                         check_finite(nonfinite, ctx, state.step)
                     with timer.phase("checkpoint", host=True):
                         save_checkpoint(state, cfg, ctx, log, faults, saver)
                 watchdog.beat()
+                if state.preempted:
+                    break
             if saver:
                 saver.wait()  # the last checkpoint is published before the run reports success
     except Exception as exc:  # name the rank, phase and step of any failure, then fail
@@ -197,15 +213,20 @@ def log_step(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLo
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Checks that need no process group: the device exists, the checkpoint fits the config.
+    """Checks that need no process group: the device exists, the paths are usable, the
+    checkpoint fits the config.
 
     Raises:
-        ConfigError: The device is missing or the newest checkpoint is incompatible.
+        ConfigError: The device is missing, a path is not a directory, or the newest
+            checkpoint is incompatible.
     """
     try:
         pick_device(cfg.device, 0)
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from None
+    for name in ("checkpoint_dir", "sample_log"):
+        if getattr(cfg, name):
+            check_directory(Path(getattr(cfg, name)), name)
     manifest = newest_manifest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
     if manifest is not None:
         try:
@@ -214,18 +235,58 @@ def preflight(cfg: TrainConfig) -> None:
             raise ConfigError(str(exc)) from None
 
 
+def check_directory(path: Path, name: str) -> None:
+    """`path` is a directory or can become one: its nearest existing ancestor is a directory.
+
+    Raises:
+        ConfigError: `path`, or a component of it, is a file.
+    """
+    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        raise ConfigError(f"{name} {path} is not a directory ({existing} is a file)")
+
+
+def start(argv: list[str] | None, stack: ExitStack) -> TrainConfig:
+    """Parse and check the flags; global rank 0 takes the checkpoint directory's lock.
+
+    Raises:
+        ConfigError: Bad input, an incompatible checkpoint, or a directory in use.
+    """
+    cfg = TrainConfig.from_cli(argv)
+    preflight(cfg)
+    if cfg.checkpoint_dir and os.environ.get("RANK", "0") == "0":
+        stack.enter_context(DirectoryLock(Path(cfg.checkpoint_dir)))
+        remove_debris(Path(cfg.checkpoint_dir))  # no other writer is alive: we hold the lock
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, train inside a process group, print `run_complete`; 2 on a bad flag."""
-    try:
-        cfg = TrainConfig.from_cli(argv)
-        preflight(cfg)
-    except ConfigError as exc:
-        print(f"reference_impl.train: error: {exc}", file=sys.stderr)
-        return 2
+    """Parse flags, train inside a process group, print `run_complete`.
+
+    Returns 2 on bad input (printed once, by local rank 0) and `PREEMPTED_EXIT` after
+    SIGTERM stopped the run with a checkpoint.
+    """
+    die_with_parent()
+    with ExitStack() as stack:
+        try:
+            cfg = start(argv, stack)
+        except ConfigError as exc:
+            if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun, one line per node
+                print(f"reference_impl.train: error: {exc}", file=sys.stderr)
+            return 2
+        return run(cfg)
+
+
+def run(cfg: TrainConfig) -> int:
+    """Train inside a process group and report how the run ended."""
     started = time.perf_counter()
     with distributed(cfg.device, cfg.pg_timeout_s) as ctx:
         log = EventLog(ctx.rank)
         state = train(cfg, ctx, log)
+        if state.preempted:
+            log.progress("preempted", step=state.step, exit_status=PREEMPTED_EXIT,
+                         checkpointed=bool(cfg.checkpoint_dir))
+            return PREEMPTED_EXIT
         try:
             digest = state_digest(state.model, state.optimizer)
         except Exception as exc:

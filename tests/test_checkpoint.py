@@ -103,7 +103,7 @@ def test_a_malicious_pickle_is_refused_and_never_executed(three_checkpoints: Pat
     torch.save({"step": 30, "payload": _RunsCode(str(marker))}, buffer, pickle_module=pickle)
     (newest / "train.pt").write_bytes(buffer.getvalue())
     rewrite_manifest_entry(newest, "train.pt")
-    run = train(three_checkpoints, "--max-steps", "40")
+    run = train(three_checkpoints, "--max-steps", "40", "--allow-config-change", "max_steps")
     assert run.returncode == 0, run.stderr
     assert not marker.exists(), "the pickle's code must never run"
     assert "refused by the weights-only loader" in run.of("checkpoint_skipped")[0]["reason"]
@@ -127,7 +127,7 @@ def test_an_incompatible_config_exits_2_and_overwrites_nothing(
 
 
 def test_a_documented_flag_allows_a_deliberate_change(three_checkpoints: Path) -> None:
-    run = train(three_checkpoints, "--max-steps", "40", "--lr", "0.01", "--allow-config-change", "lr")
+    run = train(three_checkpoints, "--max-steps", "40", "--lr", "0.01", "--allow-config-change", "lr,max_steps")
     assert run.returncode == 0, run.stderr
     assert run.of("checkpoint_restored")[0]["step"] == 30
     assert run.of("step")[-1]["lr"] < 0.01
@@ -156,7 +156,7 @@ def test_a_real_file_size_limit_fails_the_save_and_keeps_earlier_checkpoints(tmp
     size = (tmp_path / "step-00000010" / "train.pt").stat().st_size
     limit_kb = size // 1024 // 2  # room for small files, not for a second train.pt
     cmd = ["bash", "-c", f'ulimit -f {limit_kb}; exec "$0" -m reference_impl.train "$@"', sys.executable,
-           *FLAGS, "--checkpoint-dir", str(tmp_path)]
+           *FLAGS, "--checkpoint-dir", str(tmp_path), "--allow-config-change", "max_steps"]
     run = run_command(cmd, timeout=120)
     assert run.returncode != 0
     assert "File too large" in run.of("error")[0]["message"]

@@ -1,0 +1,210 @@
+"""Operational safety in one process: the end of the run, the directory lock, SIGTERM,
+the sample log, a full disk and bad input. Each run is a small MLP (a few seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, Run, python_module
+from reference_impl.checkpoint import CheckpointError, published, record_progress
+from reference_impl.config import TrainConfig
+from reference_impl.distributed import DistContext
+from reference_impl.step import lr_multiplier
+
+pytestmark = pytest.mark.timeout(120)
+
+FLAGS = ["--checkpoint-every", "10", "--keep-last", "3", "--warmup-steps", "2", "--log-every", "10",
+         "--micro-batch-size", "8", "--dataset-size", "256", "--hidden-dim", "32"]
+
+
+def train(ckpt: Path, steps: int, *extra: str, timeout: float = 60, env: dict[str, str] | None = None) -> Run:
+    return python_module([*FLAGS, "--max-steps", str(steps), "--checkpoint-dir", str(ckpt), *extra],
+                         timeout=timeout, env=env)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes (the lock file aside: it names its holder)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def error_line(run: Run) -> str:
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, (run.returncode, run.stderr[-3000:])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def twenty(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A finished 20-step run with checkpoints at 10, 15 and 20, and its digest."""
+    ckpt = tmp_path_factory.mktemp("twenty") / "ckpt"
+    run = train(ckpt, 20, "--checkpoint-every", "5")
+    assert run.returncode == 0, run.stderr
+    assert [p.name for p in published(ckpt)] == ["step-00000020", "step-00000015", "step-00000010"]
+    return ckpt, run.digest()
+
+
+# Item 1: the end of the run.
+
+def test_a_smaller_max_steps_is_refused_with_one_line_and_touches_nothing(
+        twenty: tuple[Path, str], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(twenty[0], ckpt)
+    before = tree(ckpt)
+    line = error_line(train(ckpt, 10, "--checkpoint-every", "5", timeout=30))
+    assert "max_steps: checkpoint 20, now 10" in line and "--allow-config-change max_steps" in line
+    assert tree(ckpt) == before
+
+
+def test_a_restore_at_or_past_max_steps_finishes_at_once_and_deletes_nothing(
+        twenty: tuple[Path, str], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(twenty[0], ckpt)
+    before = tree(ckpt)
+    for steps, extra in ((10, ["--allow-config-change", "max_steps"]), (20, [])):
+        run = train(ckpt, steps, "--checkpoint-every", "5", "--keep-last", "1", *extra, timeout=30)
+        assert run.returncode == 0, run.stderr
+        assert run.of("checkpoint_restored")[0]["step"] == 20
+        assert run.of("step") == [] and run.of("checkpoint_saved") == []
+        assert run.of("run_complete")[0]["step"] == 20 and run.digest() == twenty[1], "the restored state"
+        assert tree(ckpt) == before, "no checkpoint written or deleted"
+
+
+def test_an_allowed_max_steps_change_reports_and_applies_the_new_schedule(
+        twenty: tuple[Path, str], tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(twenty[0], ckpt)
+    resumed = train(ckpt, 30, "--log-every", "1", "--allow-config-change", "max_steps")
+    assert resumed.returncode == 0, resumed.stderr
+    change = resumed.of("lr_schedule_changed")[0]
+    cfg20, cfg30 = (TrainConfig(max_steps=n, warmup_steps=2) for n in (20, 30))
+    assert change["step"] == 20 and change["changed"] == ["max_steps"]
+    assert change["old_lr"] == pytest.approx(cfg20.lr * lr_multiplier(20, cfg20))
+    assert change["new_lr"] == pytest.approx(cfg30.lr * lr_multiplier(20, cfg30))
+    straight = train(tmp_path / "straight", 30, "--log-every", "1")
+    lrs = {e["step"]: e["lr"] for e in straight.of("step")}
+    assert {e["step"]: e["lr"] for e in resumed.of("step")} == {s: lrs[s] for s in range(21, 31)}, \
+        "from the resume step on, the schedule of a 30-step run"
+
+
+# Item 3: one writer per checkpoint directory.
+
+def test_a_second_run_on_a_locked_directory_exits_2_naming_the_holder(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    cmd = [sys.executable, "-m", "reference_impl.train", *FLAGS, "--max-steps", "1000000",
+           "--checkpoint-every", "0", "--checkpoint-dir", str(ckpt)]
+    holder = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for line in holder.stdout:  # type: ignore[union-attr]
+            if '"event": "step"' in line:
+                break
+        line = error_line(train(ckpt, 20, timeout=30))
+        assert f"pid {holder.pid}" in line and socket.gethostname() in line
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert train(ckpt, 20, timeout=30).returncode == 0, "the lock died with its holder"
+
+
+# Item 5: preemption.
+
+def test_sigterm_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    stopped = train(ckpt, 20, "--fail-mode", "sigterm", "--fail-at-step", "7")
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    assert stopped.of("preempted")[0]["step"] == 7 and stopped.of("run_complete") == []
+    assert [p.name for p in published(ckpt)] == ["step-00000007"]
+    resumed = train(ckpt, 20)
+    assert resumed.of("checkpoint_restored")[0]["step"] == 7
+    assert resumed.digest() == train(tmp_path / "straight", 20).digest()
+
+
+def test_sigterm_past_the_grace_period_exits_without_a_torn_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    run = train(ckpt, 20, "--fail-mode", "sigterm", "--fail-at-step", "12", "--preempt-grace-s", "0.001")
+    assert run.returncode == 1 and run.of("run_complete") == []
+    assert "grace" in run.of("error")[0]["message"]
+    assert [p.name for p in published(ckpt)] == ["step-00000010"]
+
+
+# Item 6: the sample log on a restart before the first checkpoint.
+
+def test_the_sample_log_is_exact_after_a_restart_before_the_first_checkpoint(tmp_path: Path) -> None:
+    log = tmp_path / "samples"
+    killed = train(tmp_path / "ckpt", 12, "--sample-log", str(log), "--fail-at-step", "5")
+    assert killed.returncode == -signal.SIGKILL
+    assert train(tmp_path / "ckpt", 12, "--sample-log", str(log)).returncode == 0
+    steps = [json.loads(line)["step"] for line in (log / "rank0.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13)), "steps 1-4 logged once, not twice"
+
+
+# Item 7: a full disk.
+
+def test_a_full_disk_leaves_no_debris_and_a_smaller_keep_last_frees_room(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    full = ["--fail-mode", "write-error", "--fail-at-step", "30"]
+    failed = train(ckpt, 30, *full)
+    assert failed.returncode == 1 and "No space left" in failed.of("error")[0]["message"]
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".tmp")) == [], "temporary dir removed"
+    assert [p.name for p in published(ckpt)] == ["step-00000020", "step-00000010"]
+    still_full = train(ckpt, 30, "--keep-last", "1", *full)  # the disk is still full at step 30
+    assert still_full.of("checkpoint_restored")[0]["step"] == 20
+    assert [p.name for p in published(ckpt)] == ["step-00000020"], "step 10 pruned before the save"
+    freed = train(ckpt, 30, "--keep-last", "1")
+    assert freed.returncode == 0 and freed.of("checkpoint_restored")[0]["step"] == 20
+    assert [p.name for p in published(ckpt)] == ["step-00000030"]
+
+
+def test_progress_bookkeeping_failures_raise_the_checkpoint_error(tmp_path: Path) -> None:
+    (tmp_path / "progress.json").mkdir()  # os.replace onto it fails like a full disk would
+    with pytest.raises(CheckpointError, match="recording progress .* failed"):
+        record_progress(TrainConfig(checkpoint_dir=str(tmp_path)), DistContext(), 3)
+
+
+# Item 8: bad input is one line and exit 2, before any work.
+
+@pytest.mark.parametrize("flags,message", [
+    (["--seed", str(2**64)], "seed must be in"),
+    (["--seed", str((2**64 - 1 - 2) // 1_000_003 + 1)], "seed must be in"),  # epoch 2 would overflow
+    (["--num-workers", "1000000"], "num_workers"),
+    (["--checkpoint-dir", "x" * 256], "longer than 255 bytes"),
+])
+def test_out_of_range_values_exit_2_with_one_line(flags: list[str], message: str, tmp_path: Path) -> None:
+    run = python_module(["--max-steps", "2", "--warmup-steps", "0", *flags], timeout=30)
+    assert message in error_line(run)
+
+
+def test_a_checkpoint_path_that_is_a_file_exits_2(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    for path in (blocker, blocker / "ckpt"):
+        assert "is not a directory" in error_line(train(path, 2, timeout=30))
+
+
+@pytest.mark.parametrize("flags,env,expected,unexpected", [
+    (["--model", "transformer"], {}, "cannot change on resume", "--allow-config-change"),
+    (["--hidden-dim", "64"], {}, "cannot change on resume", "--allow-config-change"),
+    (["--lr", "0.01"], {}, "--allow-config-change lr", "hidden_dim"),
+    ([], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"},
+     "--micro-batch-size 4 --grad-accum-steps 1", "--allow-config-change"),
+])
+def test_incompatibility_messages_suggest_only_what_works(
+        flags: list[str], env: dict[str, str], expected: str, unexpected: str, twenty: tuple[Path, str]) -> None:
+    line = error_line(train(twenty[0], 20, "--checkpoint-every", "5", *flags, env=env, timeout=30))
+    assert expected in line and unexpected not in line, line
+
+
+def test_only_local_rank_0_prints_the_error() -> None:
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+    run = python_module(["--seed", "-1"], timeout=30, env=env)
+    assert run.returncode == 2 and run.stderr == ""
