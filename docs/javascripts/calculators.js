@@ -311,7 +311,8 @@
       outputs: [
         ["allreduce_bytes", "One all-reduce", "bytes"], ["allreduces_per_layer", "All-reduces per layer", "count"],
         ["bytes_per_layer", "Sent per rank per layer", "bytes"],
-        ["bytes_per_microbatch", "Sent per rank per micro-batch", "bytes"], ["time_s", "Time (not overlapped)", "seconds"]
+        ["bytes_per_microbatch", "Sent per rank per micro-batch", "bytes"],
+        ["time_s", "Time (not overlapped)", "seconds"]
       ]
     },
     pipeline_bubble: {
@@ -333,7 +334,8 @@
       ],
       outputs: [
         ["young_interval_s", "Young interval", "seconds"], ["young_overhead_fraction", "Young overhead", "percent"],
-        ["daly_interval_s", "Daly interval", "seconds"], ["daly_overhead_fraction", "Daly overhead (with restarts)", "percent"]
+        ["daly_interval_s", "Daly interval", "seconds"],
+        ["daly_overhead_fraction", "Daly overhead (with restarts)", "percent"]
       ]
     },
     mfu: {
@@ -367,7 +369,8 @@
   var STYLE = [
     ".handbook-calc{border:1px solid var(--md-default-fg-color--lightest);border-radius:.2rem;",
     "padding:.6rem .8rem;margin:1em 0;background:var(--md-code-bg-color);color:var(--md-default-fg-color)}",
-    ".handbook-calc form{display:grid;grid-template-columns:repeat(auto-fill,minmax(11rem,1fr));gap:.4rem .8rem;margin:.6rem 0}",
+    ".handbook-calc form{display:grid;grid-template-columns:repeat(auto-fill,minmax(11rem,1fr));",
+    "gap:.4rem .8rem;margin:.6rem 0}",
     ".handbook-calc [hidden]{display:none}",
     ".handbook-calc label{display:flex;flex-direction:column;font-size:.64rem}",
     ".handbook-calc label.handbook-calc__check{flex-direction:row;align-items:center;gap:.3rem}",
@@ -378,7 +381,7 @@
     ".handbook-calc table.handbook-calc__result{margin:.4rem 0 0;font-size:.7rem}",
     ".handbook-calc td{padding:.1rem 1.2rem .1rem 0}",
     ".handbook-calc output{font-weight:700;font-variant-numeric:tabular-nums}",
-    ".handbook-calc__error{color:var(--md-typeset-del-color,#d32f2f);font-weight:700}",
+    ".handbook-calc__error{color:#c62828;font-weight:700}",
     "[data-md-color-scheme=slate] .handbook-calc__error{color:#ff8a80}"
   ].join("");
 

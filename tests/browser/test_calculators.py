@@ -253,6 +253,10 @@ def test_forms_are_readable_in_light_and_dark_mode_and_after_instant_navigation(
             for part in ("input", "output", "label", "p"):
                 colours = page.evaluate(COLOURS, f'.handbook-calc[data-calc="mfu"] {part}')
                 assert _contrast(colours) >= 4.5, f"{schemes[-1]}: {part} {colours}"
+            form.get_by_label("GPUs").fill("0")
+            colours = page.evaluate(COLOURS, '.handbook-calc[data-calc="mfu"] [role=alert]')
+            assert _contrast(colours) >= 4.5, f"{schemes[-1]}: error message {colours}"
+            form.get_by_label("GPUs").fill("64")
             page.locator("form[data-md-component=palette] label:visible").first.click()
             page.wait_for_function(f"() => document.body.getAttribute('data-md-color-scheme') !== {schemes[-1]!r}")
         assert set(schemes) == {"default", "slate"}
