@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import pytest
 
 from launch import python_module, run_command
-from reference_impl.config import ConfigError, TrainConfig, build_parser, field_docs
+from reference_impl.config import RESUMABLE_PARTS, ConfigError, TrainConfig, build_parser, field_docs
 
 
 def test_every_field_is_documented_and_becomes_a_flag() -> None:
@@ -26,22 +28,69 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
     assert cfg.global_batch_size == 64
 
 
+# A base where every field can change on its own to another valid value: FSDP and the
+# transformer (so activation checkpointing, async saves and per-micro-batch sync are
+# allowed), a checkpoint directory (so checkpoint_every is) and two ranks (so fail_rank 1 is).
+DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=2)
+
+
+def _alternatives(name: str, value: Any) -> list[Any]:
+    """Candidate values for field `name` other than `value`, derived from its type."""
+    hint = get_type_hints(TrainConfig)[name]
+    if get_origin(hint) is Literal:
+        return [c for c in get_args(hint) if c != value]
+    if hint is bool:
+        return [not value]
+    if hint in (int, float):
+        return [v for v in (value + 1, value * 2, value - 1, value / 2, value + 0.5) if v != value and type(v) is hint]
+    if get_origin(hint) is tuple:
+        item = get_args(hint)[0]
+        pool = [1, 2, 5] if item is int else [*RESUMABLE_PARTS, *(f.name for f in dataclasses.fields(TrainConfig))]
+        return [(v,) for v in pool if (v,) != value]
+    return [v for v in ("elsewhere", None) if v != value]  # optional paths
+
+
+def digest_variants() -> dict[str, TrainConfig]:
+    """For each field of TrainConfig, `DIGEST_BASE` with only that field changed (validly)."""
+    variants = {}
+    for f in dataclasses.fields(TrainConfig):
+        for candidate in _alternatives(f.name, getattr(DIGEST_BASE, f.name)):
+            try:
+                variants[f.name] = dataclasses.replace(DIGEST_BASE, **{f.name: candidate})
+                break
+            except ConfigError:
+                continue
+    return variants
+
+
 def test_digest_changes_with_any_field_and_ignores_nothing() -> None:
-    base = TrainConfig()
-    assert base.digest() == TrainConfig().digest()
-    assert base.digest() != dataclasses.replace(base, lr=base.lr * 2).digest()
-    assert base.digest() != dataclasses.replace(base, world_size=2).digest()
+    """Every field, changed alone to another valid value, changes the digest: a checkpoint's
+    config identity cannot miss a field, including fields added later (they are found by
+    `dataclasses.fields`, and a field with no valid alternative fails here)."""
+    variants = digest_variants()
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert sorted(variants) == sorted(names), f"no valid alternative for {set(names) - set(variants)}"
+    assert DIGEST_BASE.digest() == TrainConfig(**dataclasses.asdict(DIGEST_BASE)).digest()
+    digests = {name: cfg.digest() for name, cfg in variants.items()}
+    unchanged = [name for name, d in digests.items() if d == DIGEST_BASE.digest()]
+    assert not unchanged, f"the digest ignores {unchanged}"
+    assert len(set(digests.values())) == len(digests), "two different configs share a digest"
 
 
 def test_digest_is_identical_across_processes_with_different_hash_seeds() -> None:
-    """Python's hash() is salted per process; a compatibility check built on it fails."""
-    code = ("from reference_impl.config import TrainConfig;"
-            "print(TrainConfig(model='transformer').digest(), hash('salted'))")
+    """Python's hash() is salted per process; a compatibility check built on it fails.
+    Two processes with different salts give the same digest for every variant config."""
+    code = ("import json, sys; sys.path.insert(0, 'tests'); import test_config;"
+            "print(json.dumps({n: c.digest() for n, c in test_config.digest_variants().items()}),"
+            " hash('salted'))")
     runs = [run_command([sys.executable, "-c", code], 60, env={"PYTHONHASHSEED": seed})
             for seed in ("1", "2")]
-    (d1, h1), (d2, h2) = (r.stdout.split() for r in runs)
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    (d1, h1), (d2, h2) = (r.stdout.rsplit(maxsplit=1) for r in runs)
     assert h1 != h2, "the two processes really had different hash salts"
-    assert d1 == d2
+    here = {name: cfg.digest() for name, cfg in digest_variants().items()}
+    assert json.loads(d1) == json.loads(d2) == here
 
 
 BAD_FLAGS = [
