@@ -172,6 +172,32 @@ def test_activations_follow_korthikanti_with_and_without_checkpointing() -> None
     assert fused["model_state_bytes"] == 16 * 7e9 / 8
 
 
+def _saved_activation_bytes(n_layers: int, seq_len: int, batch: int, d_model: int) -> int:
+    """Bytes autograd saves for backward in a bf16 TinyTransformer with activation checkpointing."""
+    torch.manual_seed(0)
+    model = TinyTransformer(50, seq_len, d_model, n_layers, 4, 2 * d_model, 0.0).to(torch.bfloat16)
+    model.checkpoint_blocks = True
+    saved = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randint(0, 50, (batch, seq_len)))
+    return saved[0]
+
+
+def test_activation_checkpointing_keeps_each_layers_16_bit_input_in_real_tensors() -> None:
+    """Each extra checkpointed block costs exactly its bf16 input: the calculator's 2·s·b·h."""
+    s, b, h = 16, 3, 32
+    real = _saved_activation_bytes(4, s, b, h) - _saved_activation_bytes(2, s, b, h)
+    shape = {"seq_len": s, "micro_batch": b, "hidden": h, "n_heads": 4}
+    predicted = [calc.memory(params=1e6, world_size=1, strategy="ddp", n_layers=layers,
+                             activation_checkpointing=True, **shape)["activation_bytes"] for layers in (2, 4)]
+    assert real == predicted[1] - predicted[0] == 2 * (2 * s * b * h)
+
+
 def test_ring_allreduce_sends_2_n_minus_1_over_n_of_the_size() -> None:
     grads = 2e9  # 1B parameters, bf16 gradients
     sent = {n: calc.ring_allreduce(size_bytes=grads, world_size=n, bandwidth_bytes_per_s=50e9)["bytes_per_rank"]
