@@ -1,0 +1,173 @@
+"""Pipeline parallelism: the transformer cut into consecutive stages, one per rank.
+
+Each optimizer step splits the batch into M micro-batches. A schedule from
+`torch.distributed.pipelining` moves them through the stages: activations go forward to
+the next rank with point-to-point sends, gradients come back the same way. GPipe runs
+every forward, then every backward; 1F1B starts the backward of micro-batch i as soon as
+it leaves the last stage, so at most P micro-batches are in flight per stage (less
+activation memory) while the bubble stays the same: with P stages and M micro-batches,
+each stage idles for (P-1)/(M+P-1) of the step.
+
+Proven on gloo: tests/distributed/test_pipeline.py trains the same steps as one process.
+"""
+
+# --8<-- [start:imports]
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+# --8<-- [end:imports]
+
+from reference_impl.model import loss_fn
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+# --8<-- [start:stage]
+def stage_layers(n_layers: int, pp_degree: int, stage: int) -> range:
+    """The blocks of `stage`: contiguous, as even as possible, earlier stages one larger."""
+    if not 1 <= pp_degree <= n_layers:
+        raise ValueError(f"pp_degree must be in [1, n_layers={n_layers}] (got {pp_degree})")
+    base, extra = divmod(n_layers, pp_degree)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (stage < extra))
+
+
+class Stage(nn.Module):
+    """One pipeline stage: the first adds the embeddings, the last the norm and the head."""
+
+    def __init__(self, model: nn.Module, stage: int, pp_degree: int) -> None:
+        """Take stage `stage` of `pp_degree` from a `TinyTransformer` built on every rank."""
+        super().__init__()
+        self.first, self.last = stage == 0, stage == pp_degree - 1
+        # Shared modules, not copies: every rank built the same seeded model and keeps its part.
+        self.embed, self.pos = (model.embed, model.pos) if self.first else (None, None)
+        self.blocks = nn.ModuleList(model.blocks[i] for i in stage_layers(len(model.blocks), pp_degree, stage))
+        self.norm, self.head = (model.norm, model.head) if self.last else (None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:  # x holds token ids
+            x = self.embed(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)) if self.last else x
+# --8<-- [end:stage]
+
+
+def build_schedule(stage: Stage, index: int, pp_degree: int, microbatches: int, kind: str,
+                   device: torch.device, group: dist.ProcessGroup | None = None):  # noqa: ANN201
+    """The schedule that drives this rank's stage; the loss is averaged over micro-batches."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} (got {kind!r})")
+    if microbatches < pp_degree:  # fewer would leave a stage with nothing to do at all
+        raise ValueError(f"microbatches ({microbatches}) must be at least pp_degree ({pp_degree})")
+    pipe_stage = PipelineStage(stage, index, pp_degree, device, group=group)
+    # scale_grads: each micro-batch's gradient is divided by M, so their sum is the
+    # gradient of the mean loss over the whole batch, as in one process.
+    return SCHEDULES[kind](pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+# --8<-- [start:pipeline_step]
+def pipeline_step(schedule, index: int, pp_degree: int, tokens: torch.Tensor,  # noqa: ANN001
+                  targets: torch.Tensor) -> torch.Tensor | None:
+    """Forward and backward of one batch through the pipeline; the last stage returns the loss.
+
+    Only the first stage feeds inputs and only the last sees targets: the ranks in
+    between receive activations from the previous stage and gradients from the next.
+    """
+    losses: list[torch.Tensor] = []
+    if index == 0 and pp_degree > 1:
+        schedule.step(tokens)
+    elif index == pp_degree - 1:
+        schedule.step(*([tokens] if pp_degree == 1 else []), target=targets, losses=losses)
+    else:
+        schedule.step()
+    return torch.stack(losses).mean() if losses else None
+# --8<-- [end:pipeline_step]
+
+
+def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float,
+                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Clip by the norm over every stage's gradients: each rank holds only its own stage's."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    squared = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+    if dist.is_initialized():
+        dist.all_reduce(squared, group=group)
+    total = squared.sqrt()
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.to(g.dtype))
+    return total
+
+
+def stage_parameters(stage: Stage) -> list[nn.Parameter]:
+    """The parameters this rank owns and steps (its optimizer's parameters)."""
+    return [p for p in stage.parameters() if p.requires_grad]
+
+
+# --8<-- [start:bubble]
+def bubble_fraction(pp_degree: int, microbatches: int) -> float:
+    """Share of a step each stage idles under GPipe or 1F1B: (P-1) / (M+P-1)."""
+    return (pp_degree - 1) / (microbatches + pp_degree - 1)
+# --8<-- [end:bubble]
+
+
+class _Work(torch.autograd.Function):
+    """Identity that sleeps: a stage whose forward and backward take known, fixed times."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, forward_s: float, backward_s: float) -> torch.Tensor:  # noqa: ANN001
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # noqa: ANN001
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class _TimedStage(nn.Module):
+    def __init__(self, forward_s: float, backward_s: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))  # something to hold a gradient
+        self.forward_s, self.backward_s = forward_s, backward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Work.apply(x * self.scale, self.forward_s, self.backward_s)
+
+
+def measure_bubble(kind: str, microbatches: int, forward_s: float = 0.02, backward_s: float = 0.04,
+                   rounds: int = 2) -> dict[str, float]:
+    """Measured idle share of one stage per step, against `bubble_fraction` (collective).
+
+    Every stage's forward and backward of one micro-batch sleep a fixed time, so a stage
+    is busy M x (forward_s + backward_s) per step, and whatever else the step takes is
+    idle time: the bubble plus point-to-point latency. Run on every rank of the group.
+    """
+    index, pp_degree = dist.get_rank(), dist.get_world_size()
+    schedule = SCHEDULES[kind](PipelineStage(_TimedStage(forward_s, backward_s), index, pp_degree,
+                                             torch.device("cpu")),
+                               n_microbatches=microbatches, loss_fn=lambda out, _target: out.mean())
+    batch, walls = torch.ones(microbatches, 4), []
+    for _ in range(rounds + 1):  # the first step also sets up the stage's buffers: untimed
+        dist.barrier()
+        started = time.perf_counter()
+        if index == 0:
+            schedule.step(batch)
+        elif index == pp_degree - 1:
+            schedule.step(target=batch)
+        else:
+            schedule.step()
+        walls.append(time.perf_counter() - started)
+    wall = torch.tensor(min(walls[1:]))
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when its slowest stage does
+    busy = microbatches * (forward_s + backward_s)
+    return {"schedule": kind, "microbatches": microbatches, "pp_degree": pp_degree,
+            "step_s": round(wall.item(), 4), "busy_s": round(busy, 4),
+            "measured_idle": round(1 - busy / wall.item(), 4),
+            "formula_idle": round(bubble_fraction(pp_degree, microbatches), 4)}
