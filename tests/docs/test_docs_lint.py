@@ -16,6 +16,13 @@ pytestmark = pytest.mark.docs
 SKIP_WITH_REASON = re.compile(r"""pytest\.mark\.skip(?:if)?\(.*reason\s*=\s*(['"])(?P<reason>.+?)\1""")
 TEST_REF = re.compile(r"`(?P<file>tests/[\w./-]+\.py)::(?P<name>[\w:]+)(?:\[[^\]`]*\])?`")
 SECTION_MARK = re.compile(r"--8<--\s*\[(?P<kind>start|end):(?P<name>[a-z][-_0-9a-z]*)\]", re.I)
+# Git LFS pointer files (https://github.com/git-lfs/git-lfs/blob/main/docs/spec.md): a
+# `version` line naming the spec (hawser.github.com before LFS 1.0), then `oid sha256:...`,
+# `size N` and optional `ext-...` lines. LFS itself only reads blobs under 1024 bytes as pointers.
+LFS_MAX_POINTER_BYTES = 1024
+LFS_VERSION = re.compile(rb"^\s*version\s+https?://(?:git-lfs|hawser)\.github\.com/spec/v\d+\s*$", re.M)
+LFS_OID = re.compile(rb"^\s*oid\s+sha256:[0-9a-f]{64}\s*$", re.M | re.I)
+LFS_SIZE = re.compile(rb"^\s*size\s+\d+\s*$", re.M)
 
 
 def _page_params():
@@ -106,10 +113,59 @@ def test_vendored_mermaid_is_the_configured_one() -> None:
     assert m, "mermaid2 must point at a vendored, versioned UMD build"
     bundle = support.DOCS / m[1]
     assert bundle.is_file()
-    head = bundle.read_bytes()[:200_000].decode("utf-8", "replace")
+    content = bundle.read_bytes()
     assert int(m[2]) == 11
     assert "unpkg.com" not in config and "cdn.jsdelivr" not in config
-    assert head  # a real file, not an LFS pointer
+    assert not is_lfs_pointer(content), "the bundle is a Git LFS pointer, not the script"
+    assert f'"{m[2]}.{m[3]}.{m[4]}"'.encode() in content, "the bundle carries the version its name says"
+
+
+def is_lfs_pointer(data: bytes) -> bool:
+    """True for a Git LFS pointer in any of its forms: the canonical three lines, with
+    extension lines, CRLF endings, no final newline, the pre-1.0 hawser URL, or a pointer
+    whose version line was lost (an `oid sha256:` line and a `size` line in a small file)."""
+    if len(data) >= LFS_MAX_POINTER_BYTES:
+        return False
+    first = data.lstrip().split(b"\n", 1)[0]
+    return bool(LFS_VERSION.match(first) or (LFS_OID.search(data) and LFS_SIZE.search(data)))
+
+
+def lfs_pointers_under(root: Path) -> list[Path]:
+    """Every file under `root` that is a Git LFS pointer instead of its content."""
+    return sorted(p for p in root.rglob("*")
+                  if p.is_file() and p.stat().st_size < LFS_MAX_POINTER_BYTES and is_lfs_pointer(p.read_bytes()))
+
+
+def test_no_site_source_is_an_lfs_pointer() -> None:
+    """A checkout without `git lfs pull` leaves pointers where scripts, styles and pages
+    should be; the site would build and then fail in the browser."""
+    pointers = [support.rel(p) for root in (support.DOCS, support.ROOT / "reference_impl")
+                for p in lfs_pointers_under(root)]
+    assert not pointers, f"Git LFS pointers instead of files: {pointers}"
+
+
+OID = "4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393"
+LFS_POINTER_FORMS = {
+    "canonical": f"version https://git-lfs.github.com/spec/v1\noid sha256:{OID}\nsize 12345\n",
+    "with-extensions": (f"version https://git-lfs.github.com/spec/v1\next-0-foo sha256:{OID}\n"
+                        f"oid sha256:{OID}\nsize 3500000\n"),
+    "crlf": f"version https://git-lfs.github.com/spec/v1\r\noid sha256:{OID}\r\nsize 12345\r\n",
+    "no-final-newline": f"version https://git-lfs.github.com/spec/v1\noid sha256:{OID}\nsize 12345",
+    "pre-1.0-hawser": f"version https://hawser.github.com/spec/v1\noid sha256:{OID}\nsize 12345\n",
+    "version-line-lost": f"oid sha256:{OID}\nsize 12345\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(LFS_POINTER_FORMS))
+def test_an_lfs_pointer_file_is_caught(form: str, tmp_path: Path) -> None:
+    """The lint has teeth: a pointer of each form, placed among real assets, is reported,
+    and the real files beside it (a script that mentions LFS, an empty file) are not."""
+    vendor = tmp_path / "javascripts" / "vendor"
+    vendor.mkdir(parents=True)
+    (vendor / "mermaid-11.17.2.min.js").write_text(LFS_POINTER_FORMS[form], newline="")
+    (tmp_path / "extra.js").write_text('// size 12\nconst spec = "version https://git-lfs.github.com/spec/v1";\n')
+    (tmp_path / "empty.css").write_bytes(b"")
+    assert lfs_pointers_under(tmp_path) == [vendor / "mermaid-11.17.2.min.js"]
 
 
 def test_pages_workflow_builds_strictly_with_least_privilege() -> None:
