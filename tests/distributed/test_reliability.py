@@ -1,0 +1,114 @@
+"""Operational safety under real torchrun: agent loss, preemption, a shrinking world's
+sample log, and bad input reported once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, _descendants, _kill_tree, python_module, torchrun
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+BASE = ["--max-steps", "30", "--checkpoint-every", "10", "--warmup-steps", "5", "--log-every", "10",
+        "--dataset-size", "512", "--micro-batch-size", "8", "--hidden-dim", "32", "--pg-timeout-s", "30"]
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "reference_impl.train", *BASE, "--max-steps", "1000000", "--checkpoint-every", "0",
+           "--checkpoint-dir", str(tmp_path)]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        for line in agent.stdout:  # type: ignore[union-attr]
+            if '"event": "step"' in line:
+                break
+        workers = _descendants(agent.pid)
+        assert len(workers) >= 2
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        survivors = [pid for pid in workers if alive(pid)]
+        assert survivors == [], "workers kept training without their agent"
+    finally:
+        _kill_tree(agent)
+    relaunch = torchrun([*BASE, "--max-steps", "20", "--checkpoint-dir", str(tmp_path)], timeout=90)
+    assert relaunch.returncode == 0, relaunch.stderr[-3000:]  # the lock went with the workers
+
+
+def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_exactly(tmp_path: Path) -> None:
+    reference = torchrun([*BASE, "--checkpoint-dir", str(tmp_path / "reference")])
+    run = torchrun([*BASE, "--fail-mode", "sigterm", "--fail-at-step", "15", "--fail-rank", "1",
+                    "--checkpoint-dir", str(tmp_path / "ckpt")], max_restarts=1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [e["step"] for e in run.of("preempted")] == [15]
+    assert [e["step"] for e in run.of("checkpoint_saved")][:2] == [10, 15]
+    assert [e["step"] for e in run.of("checkpoint_restored")] == [15], "torchrun restarted the stopped group"
+    assert run.digest() == reference.digest()
+
+
+def test_sigterm_to_the_agent_is_forwarded_and_ends_with_a_checkpoint(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "reference_impl.train", *BASE, "--max-steps", "1000000", "--checkpoint-every", "0",
+           "--checkpoint-dir", str(tmp_path)]
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        lines = []
+        for line in agent.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if '"event": "step"' in line:
+                agent.send_signal(signal.SIGTERM)
+                break
+        lines += agent.stdout.read().splitlines()  # type: ignore[union-attr]
+        agent.wait(60)
+    finally:
+        _kill_tree(agent)
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    preempted = [e for e in events if e["event"] == "preempted"]
+    saved = [e for e in events if e["event"] == "checkpoint_saved"]
+    assert len(preempted) == 1 and saved and saved[-1]["step"] == preempted[0]["step"]
+    assert (tmp_path / f"step-{preempted[0]['step']:08d}" / "manifest.json").is_file()
+
+
+def test_a_smaller_world_cuts_the_departed_ranks_sample_log(tmp_path: Path) -> None:
+    log, ckpt = tmp_path / "samples", tmp_path / "ckpt"
+    killed = torchrun([*BASE, "--sample-log", str(log), "--fail-at-step", "15", "--fail-rank", "1",
+                       "--checkpoint-dir", str(ckpt)])
+    assert killed.returncode != 0
+    resumed = python_module([*BASE, "--micro-batch-size", "16", "--sample-log", str(log),
+                             "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert resumed.of("checkpoint_restored")[0]["step"] == 10
+    per_step: dict[int, list[int]] = {}
+    for file in log.glob("rank*.jsonl"):
+        for line in file.read_text().splitlines():
+            entry = json.loads(line)
+            per_step.setdefault(entry["step"], []).extend(entry["indices"])
+    assert sorted(per_step) == list(range(1, 31))
+    assert all(len(indices) == 16 for indices in per_step.values()), "each step's global batch once"
+
+
+def test_bad_input_under_torchrun_is_one_line_from_local_rank_0(tmp_path: Path) -> None:
+    run = torchrun([*BASE, "--seed", str(2**64), "--checkpoint-dir", str(tmp_path)], timeout=60)
+    ours = [line for line in run.stderr.splitlines() if line.startswith("reference_impl.train: error:")]
+    assert ours == [ours[0]] and "seed must be in" in ours[0]
+    assert "reference_impl/" not in run.stderr, "no traceback through the package"
