@@ -1,14 +1,20 @@
-"""FSDP2 under real torchrun (gloo): the math, restart exactness, async saves, resharding."""
+"""FSDP2 under real torchrun (gloo): the math, restart exactness, async saves, resharding.
+
+Run as a script under torchrun (see `block_calls_under_torchrun`), this file is also the
+driver that counts the transformer blocks' forward calls inside the real training loop.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from launch import Run, python_module, torchrun
+from launch import REPO, Run, python_module, torchrun
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.export import export
@@ -47,8 +53,73 @@ def test_fsdp_two_ranks_match_one_process(reference: tuple[Run, Path], tmp_path:
 
 
 def test_activation_checkpointing_leaves_the_math_unchanged(reference: tuple[Run, Path], tmp_path: Path) -> None:
+    """Same losses with and without AC; that AC is really on is proven by the next test."""
     run = fsdp_run(tmp_path, "--activation-checkpointing")
     assert losses(run) == pytest.approx(losses(reference[0]), abs=1e-6)
+
+
+AC_PROBE = ["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "512", "--warmup-steps", "1",
+            "--micro-batch-size", "4", "--grad-accum-steps", "2", "--max-steps", "2", "--n-layers", "3",
+            "--pg-timeout-s", "60"]
+
+
+def block_calls_under_torchrun() -> None:
+    """Driver (rank code): train the FSDP2 transformer with the real loop, with and without
+    --activation-checkpointing, and print one `block_calls` event per rank and step: the
+    block indices called during the forward pass and, separately, after the root module
+    returned (that is, recomputed during backward)."""
+    from reference_impl.distributed import distributed
+    from reference_impl.metrics import EventLog
+    from reference_impl.train import TrainState, build_state, train
+
+    base = TrainConfig.from_cli(sys.argv[1:])
+    with distributed("cpu", base.pg_timeout_s) as ctx:
+        log = EventLog(ctx.rank)
+        for checkpointing in (False, True):
+            cfg = dataclasses.replace(base, activation_checkpointing=checkpointing)
+            state = build_state(cfg, ctx)
+            calls: dict[str, list[int]] = {"forward": [], "recomputed": []}
+            phase = ["forward"]
+
+            def count(index: int) -> None:
+                calls[phase[0]].append(index)
+
+            for i, block in enumerate(state.model.blocks):
+                block.register_forward_pre_hook(lambda *_, i=i: count(i))
+            state.model.register_forward_pre_hook(lambda *_: phase.__setitem__(0, "forward"))
+            state.model.register_forward_hook(lambda *_: phase.__setitem__(0, "recomputed"))
+
+            def report(s: TrainState) -> None:
+                log.emit("block_calls", step=s.step, activation_checkpointing=checkpointing,
+                         forward=list(calls["forward"]), recomputed=list(calls["recomputed"]))
+                calls["forward"].clear()
+                calls["recomputed"].clear()
+
+            train(cfg, ctx, log, state=state, on_step=report)
+
+
+def test_activation_checkpointing_recomputes_every_block_during_backward() -> None:
+    """--activation-checkpointing reaches the FSDP2-wrapped model: on every rank and step,
+    each block runs once per micro-batch in the forward pass and once more, in reverse
+    order, during backward (its activations were not kept). Without the flag, no block
+    runs during backward. A wrapper that dropped the flag would pass the loss test above."""
+    run = torchrun(AC_PROBE, nproc=2, timeout=120, module=str(Path(__file__)),
+                   env={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})  # this checkout's package
+    assert run.returncode == 0, run.stderr[-4000:]
+    events = run.of("block_calls")
+    n_layers, micro_batches = 3, 2
+    forward = list(range(n_layers)) * micro_batches
+    recomputed = list(reversed(range(n_layers))) * micro_batches
+    for checkpointing in (False, True):
+        seen = sorted((e["rank"], e["step"]) for e in events if e["activation_checkpointing"] is checkpointing)
+        assert seen == [(r, s) for r in (0, 1) for s in (1, 2)], "every rank reported every step"
+    for e in events:
+        assert e["forward"] == forward, e
+        assert e["recomputed"] == (recomputed if e["activation_checkpointing"] else []), e
+
+
+if __name__ == "__main__":
+    block_calls_under_torchrun()
 
 
 def test_sigkill_and_resume_under_fsdp_is_bit_exact(reference: tuple[Run, Path], tmp_path: Path) -> None:
