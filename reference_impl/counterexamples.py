@@ -6,6 +6,7 @@ runs each one against the real thing and shows the difference. The handbook's
 Pitfalls page shows these sections next to the fixes.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Sampler
+# --8<-- [end:imports]
 
 from reference_impl.distributed import destroy
 

@@ -1,12 +1,14 @@
 """Two small models: an MLP classifier and a causal transformer whose blocks are the
 units that FSDP2 shards and activation checkpointing recomputes."""
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+# --8<-- [end:imports]
 
 from reference_impl.config import TrainConfig
 

@@ -1,5 +1,6 @@
 """Wrap a model for data parallelism: DDP replicates it, FSDP2 shards it."""
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -10,6 +11,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
+# --8<-- [end:imports]
 
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
