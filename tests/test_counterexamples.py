@@ -13,7 +13,10 @@ import pickle
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,21 +56,35 @@ def test_naive_digest_differs_between_processes() -> None:
 
 # 2 ------------------------------------------------------------------------------------
 def test_counting_in_iter_overcounts_with_workers() -> None:
+    """The naive sampler reports every index the loader has *pulled*, and a resume from
+    that state skips exactly the samples pulled but not trained; ours reports what was
+    trained and resumes with every sample exactly once."""
     data = TensorDataset(torch.arange(64))
     batch, workers, prefetch, trained_batches = 4, 2, 2, 3
 
     counting = naive.CountingInIterSampler(64, world_size=1, rank=0, seed=0)
+    order = list(naive.CountingInIterSampler(64, world_size=1, rank=0, seed=0))
     loader = DataLoader(data, batch_size=batch, sampler=counting, num_workers=workers,
                         prefetch_factor=prefetch)
     it = iter(loader)
+    seen_naive = []
     for _ in range(trained_batches):
-        next(it)
+        seen_naive += next(it)[0].tolist()
     reported = counting.state_dict()["consumed"]
     del it
     trained = trained_batches * batch
-    # The loader keeps workers x prefetch batches in flight beyond what was trained: it
-    # pulled 7 batches (28 indices); the generator counts each one when resumed, so 27.
-    assert trained == 12 and reported == trained + workers * prefetch * batch - 1 == 27
+    assert seen_naive == order[:trained], "training itself saw the right samples"
+    # The main process keeps workers x prefetch batches requested beyond those returned,
+    # so it has pulled (trained + in flight) batches of indices from the sampler. The
+    # generator counts an index when it resumes after yielding it: the last one pulled
+    # is not counted yet.
+    in_flight = workers * prefetch * batch
+    assert reported == trained + in_flight - 1
+    restarted = naive.CountingInIterSampler(64, world_size=1, rank=0, seed=0)
+    restarted.consumed = reported  # what a resume from its state_dict() sets
+    skipped = set(range(64)) - set(seen_naive) - set(restarted)
+    assert skipped == set(order[trained:reported]), "the pulled-but-untrained samples are lost"
+    assert len(skipped) == in_flight - 1
 
     ours = ResumableDistributedSampler(64, world_size=1, rank=0, global_batch_size=batch, seed=0)
     loader = DataLoader(data, batch_size=batch, sampler=ours, num_workers=workers,
@@ -199,15 +216,40 @@ def test_accumulation_without_no_sync_allreduces_every_micro_batch(tmp_path: Pat
 
 
 # 7 ------------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available.*:UserWarning")
 def test_autocast_default_dtype_depends_on_the_device() -> None:
+    """The naive version runs bf16 on CPU with a loss scaler on, and the same code picks
+    fp16 for CUDA. The trainer's step runs the forward in the configured dtype and has a
+    scaler (that really scales the loss) for fp16 only."""
     dtype, scaler_on = naive.naive_amp("cpu", use_amp=True)
     assert dtype == torch.bfloat16 and scaler_on, "a loss scaler on bf16, which never needs one"
-    assert torch.get_autocast_dtype("cuda") == torch.float16, "same code, fp16 on a GPU"
+    assert naive.naive_amp("cuda", use_amp=True)[0] == torch.float16, "same code, fp16 on a GPU"
+
+    from reference_impl.metrics import PhaseTimer
+    from reference_impl.step import train_step
 
     cpu = torch.device("cpu")
-    assert build_scaler(TrainConfig(precision="bf16"), cpu) is None
-    assert build_scaler(TrainConfig(precision="fp32"), cpu) is None
-    assert isinstance(build_scaler(TrainConfig(precision="fp16"), cpu), torch.amp.GradScaler)
+    for precision, expected in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        cfg = TrainConfig(precision=precision, micro_batch_size=8, dataset_size=64, optimizer="sgd")
+        torch.manual_seed(0)
+        model = nn.Linear(cfg.input_dim, cfg.num_classes)
+        forward_dtypes = []
+        model.register_forward_hook(lambda _m, _i, out: forward_dtypes.append(out.dtype))
+        opt, scaler = build_optimizer(model, cfg), build_scaler(cfg, cpu)
+        scaled = []
+        if scaler is not None:
+            model.weight.register_hook(lambda g: scaled.append(g.abs().max().item()))
+        x, y = torch.randn(8, cfg.input_dim), torch.randint(0, cfg.num_classes, (8,))
+        train_step(model, iter([(x, y, torch.arange(8))]), opt, build_scheduler(opt, cfg), scaler, cfg, cpu,
+                   PhaseTimer(cpu))
+        assert forward_dtypes == [expected], precision
+        assert (scaler is not None) == (precision == "fp16"), precision
+        if scaler is not None:
+            torch.manual_seed(0)
+            reference = nn.Linear(cfg.input_dim, cfg.num_classes)
+            nn.functional.cross_entropy(reference(x), y).backward()
+            ratio = scaled[0] / reference.weight.grad.abs().max().item()
+            assert ratio == pytest.approx(cfg.fp16_init_scale, rel=1e-2), "backward saw the scaled loss"
     assert AUTOCAST_DTYPES == {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -228,21 +270,56 @@ def test_host_timer_measures_launch_not_device_time() -> None:
 
 
 # 9 ------------------------------------------------------------------------------------
+HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__")
+
+
+@contextmanager
+def counting_host_reads() -> Iterator[list[str]]:
+    """Count every tensor method that copies a value to the host (a device sync on a GPU)."""
+    calls: list[str] = []
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(name: str) -> Any:
+        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return originals[name](self, *args, **kwargs)
+        return read
+
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, counted(name))
+    try:
+        yield calls
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+
+
 def test_naive_step_returns_a_float_ours_a_tensor() -> None:
+    """The naive step reads the loss to the host every step (one `.item()`, a device sync on
+    a GPU); the trainer's step reads nothing and returns the same loss as a device tensor
+    that holds no autograd graph."""
     from reference_impl.metrics import PhaseTimer
     from reference_impl.step import train_step
 
+    x, y = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)), torch.arange(8) % 3
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
-    assert isinstance(naive.naive_step_loss(model, x, y, opt), float)  # .item(): a device sync
+    expected = nn.functional.cross_entropy(model(x), y).item()
+    with counting_host_reads() as reads:
+        value = naive.naive_step_loss(model, x, y, opt)
+    assert reads == ["item"] and value == pytest.approx(expected)
 
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
     cfg = TrainConfig(micro_batch_size=8, dataset_size=64, input_dim=4, num_classes=3, optimizer="sgd")
     opt = build_optimizer(model, cfg)
-    loss, _ = train_step(model, iter([(x, y, torch.arange(8))]), opt, build_scheduler(opt, cfg), None,
-                         cfg, torch.device("cpu"), PhaseTimer(torch.device("cpu")))
-    assert isinstance(loss, torch.Tensor) and loss.device.type == "cpu"
+    with counting_host_reads() as reads:
+        loss, _ = train_step(model, iter([(x, y, torch.arange(8))]), opt, build_scheduler(opt, cfg), None,
+                             cfg, torch.device("cpu"), PhaseTimer(torch.device("cpu")))
+    assert reads == [], f"the step read {reads} to the host"
+    assert loss.device.type == "cpu" and loss.grad_fn is None and not loss.requires_grad
+    assert loss.item() == pytest.approx(expected)
 
 
 # 10 -----------------------------------------------------------------------------------
