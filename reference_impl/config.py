@@ -6,6 +6,7 @@ and its docstring becomes the flag's help text, so the documentation and the CLI
 drift apart.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args, get_type_hints
+# --8<-- [end:imports]
 
 STRATEGIES = ("ddp", "fsdp")
 MODELS = ("mlp", "transformer")
@@ -28,6 +30,7 @@ DEVICES = ("auto", "cpu", "cuda")
 FAIL_MODES = ("sigkill", "sigterm", "hang", "crash-mid-write", "crash-before-publish", "write-error")
 SAVE_FAULTS = ("crash-mid-write", "crash-before-publish", "write-error")
 RESUMABLE_PARTS = ("rng", "data", "scheduler", "scaler")
+# --8<-- [start:operational_fields]
 # Fields that never change what a step computes: they may differ freely on resume. The
 # micro-batch size and accumulation may change as long as the global batch does not
 # (that is how a run moves to another world size). max_steps is not among them: the
@@ -37,6 +40,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s")
+# --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
                      "vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "dataset_size", "seed")

@@ -4,12 +4,14 @@ Nothing is downloaded: every sample is a pure function of (seed, index), so a re
 or resharded run sees exactly the data an uninterrupted one would.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Dataset, Sampler
+# --8<-- [end:imports]
 
 Sample = tuple[torch.Tensor, torch.Tensor, int]
 

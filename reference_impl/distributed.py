@@ -1,6 +1,7 @@
 """Rank wiring: one process per device, the backend that fits it, bounded timeouts and
 a teardown that runs on every exit path."""
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import os
@@ -11,8 +12,10 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+# --8<-- [end:imports]
 
 
+# --8<-- [start:context]
 @dataclass(frozen=True)
 class DistContext:
     """Where this process sits in the job.
@@ -51,6 +54,7 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     if preference != "cpu" and torch.cuda.is_available():
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+# --8<-- [end:context]
 
 
 # --8<-- [start:init_distributed]

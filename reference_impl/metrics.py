@@ -1,5 +1,6 @@
 """Phase timers that are right on GPU and CPU, and structured JSON events."""
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 import torch
+# --8<-- [end:imports]
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer")
 

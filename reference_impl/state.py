@@ -1,5 +1,6 @@
 """The run's full state as plain, canonically ordered dictionaries, and its digest."""
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+# --8<-- [end:imports]
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:

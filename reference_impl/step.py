@@ -1,5 +1,6 @@
 """One optimizer step: gradient accumulation, autocast, loss scaling and clipping."""
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import math
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
+# --8<-- [end:imports]
 
 from reference_impl.config import TrainConfig
 from reference_impl.data import Sample
