@@ -75,7 +75,11 @@ class TinyTransformer(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return self.head(self.norm(x))
+        # Linear on 3-D input returns a view of a 2-D matmul's result. FSDP2 hooks the backward
+        # pass onto the root module's output and warns on every forward that an in-place op
+        # on a view would drop that hook. A copy of the logits (batch x seq x vocab, as small
+        # as one block's activations here) is a tensor of its own; the values are unchanged.
+        return self.head(self.norm(x)).clone()
 # --8<-- [end:transformer]
 
 
