@@ -55,6 +55,7 @@ def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]  # the lock went with the workers
 
 
+@pytest.mark.slow  # three torchrun launches: a reference, the stopped attempt and its restart
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_exactly(tmp_path: Path) -> None:
     reference = torchrun([*BASE, "--checkpoint-dir", str(tmp_path / "reference")])
     run = torchrun([*BASE, "--fail-mode", "sigterm", "--fail-at-step", "15", "--fail-rank", "1",
