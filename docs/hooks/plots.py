@@ -1,0 +1,237 @@
+"""MkDocs hook: plots of measured runs, rendered to SVG at build time.
+
+`docs/data/NAME.json` is written by `python -m reference_impl.measure` and committed:
+`{"device", "torch", "date", "commit", "command", "data"}`. Each build renders it with
+matplotlib (Agg, text as paths, so no font is fetched) into `plots/NAME.svg` in the site,
+on a transparent background in mid-grey and mid-tone colours that read on Material's
+light and dark palettes. `<!-- plot: NAME -->` on a page becomes the figure with a
+caption naming the device, the date and the command that regenerates the data. A data
+file that is not valid JSON, lacks a metadata key, or whose `data` does not fit its plot
+stops the build with a `PlotDataError` that names the file.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import posixpath
+import re
+from collections.abc import Callable
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+METADATA = ("device", "torch", "date", "commit", "command")
+MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
+GREY = "#8c8c8c"
+COLOURS = ("#3d8fd1", "#e8863a", "#3aa675", "#b46fd1", "#d1495b")
+STYLE = {"svg.fonttype": "path", "svg.hashsalt": "handbook", "font.size": 10, "text.color": GREY,
+         "axes.labelcolor": GREY, "axes.edgecolor": GREY, "xtick.color": GREY, "ytick.color": GREY,
+         "axes.grid": True, "grid.color": GREY, "grid.alpha": 0.25, "legend.frameon": False,
+         "axes.spines.top": False, "axes.spines.right": False}
+
+
+class PlotDataError(ValueError):
+    """A data file cannot be plotted: not JSON, a missing metadata key, or malformed data."""
+
+
+def _resume(fig: Figure, d: dict[str, Any]) -> None:
+    ax = fig.subplots()
+    steps, losses = zip(*d["uninterrupted"])
+    ax.plot(steps, losses, color=GREY, lw=6, alpha=0.35, label="uninterrupted run")
+    for (label, style, size), attempt in zip((("attempt 1 (killed)", "-o", 5), ("attempt 2 (restored)", "--s", 3)),
+                                             d["attempts"]):
+        ax.plot(*zip(*attempt), style, ms=size, lw=1.4, label=label)
+    ax.axvline(d["fail_at_step"], color=COLOURS[4], ls=":", lw=1.5,
+               label=f"rank 1 SIGKILLed before step {d['fail_at_step']}")
+    ax.axvline(d["restored_step"], color=COLOURS[2], ls="-.", lw=1.5,
+               label=f"checkpoint of step {d['restored_step']} restored")
+    ax.set(xlabel="optimizer step", ylabel="training loss (mean over ranks)")
+    ax.legend(fontsize=8)
+
+
+def _phases(fig: Figure, d: dict[str, Any]) -> None:
+    ax = fig.subplots()
+    names = list(d["cases"])
+    left = [0.0] * len(names)
+    for colour, phase in zip((*COLOURS, GREY), d["phases"]):
+        widths = [d["cases"][n][phase] for n in names]
+        ax.barh(names, widths, left=left, color=colour, label=phase)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set(xlabel=f"ms per optimizer step (global batch {d['global_batch_size']}, {d['world_size']} ranks)")
+    ax.grid(axis="y", visible=False)
+    ax.legend(ncols=len(d["phases"]), loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
+
+
+def _async(fig: Figure, d: dict[str, Any]) -> None:
+    ax = fig.subplots()
+    sync, blocked, total = d["sync_s"], d["blocked_s"], d["async_total_s"]
+    ax.barh(["sync save"], [sync], color=COLOURS[4], label="training blocked")
+    ax.barh(["async save"], [blocked], color=COLOURS[4])
+    ax.barh(["async save"], [total - blocked], left=[blocked], color=COLOURS[0], alpha=0.6,
+            label="written and published in the background (training runs)")
+    for y, x in ((0, sync), (1, blocked), (1, total)):
+        ax.annotate(f"{x:.2f} s", (x, y), xytext=(3, 8), textcoords="offset points", fontsize=8)
+    ax.invert_yaxis()
+    ax.grid(axis="y", visible=False)
+    ax.set(xlabel=f"seconds from the save call (FSDP, {d['params'] / 1e6:.1f}M parameters, "
+                  f"{d['world_size']} ranks, median of {d['rounds']})")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=8)
+
+
+def _memory(fig: Figure, d: dict[str, Any]) -> None:
+    ax = fig.subplots()
+    params = [m["params"] for m in d["models"]]
+    for colour, (stage, points) in zip(COLOURS, d["curves"].items()):
+        ax.plot(params, [p["total_bytes"] / 2 ** 30 for p in points], "-o", ms=3, color=colour,
+                label=stage.upper() if stage == "ddp" else f"ZeRO-{stage[-1]}")
+    ax.axhline(80, color=GREY, ls="--", lw=1)
+    ax.annotate("80 GiB", (params[0], 80), xytext=(0, 3), textcoords="offset points", fontsize=8)
+    ax.set(xscale="log", yscale="log", xlabel="model parameters (GPT-3 shapes)",
+           ylabel=f"GiB per GPU ({d['inputs']['world_size']} GPUs)")
+    ax.set_xticks(params, [m["name"] for m in d["models"]], fontsize=8)
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+
+
+def _size(n: float) -> str:
+    return f"{n / 2 ** 20:g} MiB" if n >= 2 ** 20 else f"{n / 2 ** 10:g} KiB"
+
+
+def _allreduce(fig: Figure, d: dict[str, Any]) -> None:
+    ax = fig.subplots()
+    sizes = d["sizes_bytes"]
+    for size, runs in zip(sizes, d["measured_s"]):
+        ax.plot([size] * len(runs), [1e3 * t for t in runs], ".", color=GREY, ms=3, alpha=0.6)
+    ax.plot(sizes, [1e3 * t for t in d["median_s"]], "o", color=COLOURS[0],
+            label=f"gloo, {d['world_size']} ranks: median of {d['repeats']} (dots: each run)")
+    ax.plot(sizes, [1e3 * t for t in d["formula_s"]], "-", color=COLOURS[1],
+            label=f"ring formula: {d['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, "
+                  f"{1e6 * d['latency_s']:.0f} µs per step")
+    ax.set(xscale="log", yscale="log", xlabel="message size", ylabel="all-reduce time (ms)")
+    ax.set_xticks(sizes, [_size(s) for s in sizes], fontsize=8)
+    ax.minorticks_off()
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _pipeline(fig: Figure, d: dict[str, Any]) -> None:
+    ax = fig.subplots()
+    formula = {c["microbatches"]: c["formula_idle"] for c in d["cases"]}
+    ax.plot(list(formula), list(formula.values()), "-", color=GREY, lw=2,
+            label=f"(P-1)/(M+P-1), P = {d['pp_degree']}")
+    for colour, marker, kind in zip(COLOURS, "os", sorted({c["schedule"] for c in d["cases"]})):
+        cases = [c for c in d["cases"] if c["schedule"] == kind]
+        ax.plot([c["microbatches"] for c in cases], [c["measured_idle"] for c in cases], marker, color=colour,
+                label=f"{kind}, measured")
+    ax.set(xscale="log", xlabel="micro-batches per step M", ylabel="idle share of each stage's step")
+    ax.set_xticks(list(formula), [str(m) for m in formula])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+
+
+Renderer = Callable[[Figure, dict[str, Any]], None]
+PLOTS: dict[str, tuple[Renderer, str, str]] = {
+    "resume": (_resume, "Loss of a killed and resumed run over the uninterrupted run",
+               "Two ranks under torchrun, checkpoint every 10 steps, one loss per step. Rank 1 dies "
+               "before step 15; torchrun restarts both ranks, they restore step 10 and replay 11-14, "
+               "and every replayed and later loss equals the uninterrupted run's."),
+    "phases": (_phases, "Step time by phase for DDP, FSDP and gradient accumulation",
+               "The trainer's own phase timers (the `phase_s` of its `step` events) for a small "
+               "transformer on two CPU ranks, first log window left out. Same global batch in each "
+               "row; with accumulation it arrives as four micro-batches. On a CPU, h2d is nothing."),
+    "async_checkpoint": (_async, "Sync against async checkpoint timeline",
+                         "How long training waits for a sync FSDP save and for an async one, and when the "
+                         "async one is published (`python -m reference_impl.bench async`)."),
+    "memory": (_memory, "Memory per GPU by ZeRO stage against model size",
+               "Computed, not measured: `reference_impl.calc.memory`, whose terms are checked by its "
+               "unit tests. Mixed-precision Adam (16 bytes per parameter), 8 GPUs, sequence 2048, "
+               "micro-batch 1, activation checkpointing."),
+    "allreduce": (_allreduce, "Ring all-reduce time against message size",
+                  "float32 all-reduce on two gloo ranks against `reference_impl.calc.ring_allreduce`, "
+                  "with its bandwidth and per-step latency fitted to the medians (least squares on the "
+                  "relative error)."),
+    "pipeline": (_pipeline, "Pipeline bubble against micro-batches",
+                 "Each stage's idle share of a step on two stages whose forward and backward sleep known "
+                 "times (`python -m reference_impl.bench pipeline`), against "
+                 "`reference_impl.pipeline.bubble_fraction`."),
+}
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a data file and check its metadata.
+
+    Raises:
+        PlotDataError: Not JSON, not an object, or a metadata key (or `data`) missing or empty.
+    """
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlotDataError(f"{path}: not readable as JSON: {exc}") from None
+    if not isinstance(record, dict):
+        raise PlotDataError(f"{path}: expected a JSON object")
+    for key in METADATA:
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise PlotDataError(f"{path}: metadata {key!r} is missing or empty")
+    if not isinstance(record.get("data"), dict):
+        raise PlotDataError(f"{path}: 'data' is missing or not an object")
+    return record
+
+
+def render(path: Path) -> str:
+    """The SVG of the data file `path` (its stem names the plot).
+
+    Raises:
+        PlotDataError: The file is malformed, or no plot has its name.
+    """
+    if path.stem not in PLOTS:
+        raise PlotDataError(f"{path}: no plot is named {path.stem!r} (known: {', '.join(PLOTS)})")
+    record, (draw, title, _) = load(path), PLOTS[path.stem]
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(7, 3.6), layout="constrained")
+        try:
+            draw(fig, record["data"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise PlotDataError(f"{path}: 'data' does not fit the {path.stem} plot: {exc!r}") from None
+        fig.suptitle(title, color=GREY)
+        out = StringIO()
+        fig.savefig(out, format="svg", transparent=True, metadata={"Date": None})
+    return out.getvalue()
+
+
+def figure(name: str, page_url: str) -> str:
+    """The figure that replaces `<!-- plot: name -->` on the page at `page_url`."""
+    path = DATA_DIR / f"{name}.json"
+    if name not in PLOTS or not path.exists():
+        raise PlotDataError(f"<!-- plot: {name} -->: no plot or data file {path}")
+    record, (_, title, caption) = load(path), PLOTS[name]
+    base = page_url if page_url.endswith("/") else posixpath.dirname(page_url)
+    up = posixpath.relpath(".", base.rstrip("/") or ".")
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(caption))
+    command = html.escape(record["command"])
+    made = "Computed" if name == "memory" else "Measured"
+    return (f'<figure class="handbook-plot">\n<img src="{up}/plots/{name}.svg" alt="{html.escape(title)}">\n'
+            f"<figcaption>{text} {made} on {html.escape(record['device'])}, {record['date']}, "
+            f"torch {html.escape(record['torch'])}, commit {html.escape(record['commit'])}. "
+            f'Regenerate with <code>{command}</code>; data: <a href="{up}/data/{name}.json">{name}.json</a>.'
+            "</figcaption>\n</figure>")
+
+
+def on_files(files: Any, config: Any, **_: Any) -> Any:
+    """Add `plots/NAME.svg`, rendered from `docs/data/NAME.json`, to the site's files."""
+    from mkdocs.structure.files import File
+
+    for path in sorted(DATA_DIR.glob("*.json")):
+        files.append(File.generated(config, f"plots/{path.stem}.svg", content=render(path)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    """Replace each `<!-- plot: NAME -->` with its figure and caption."""
+    return MARK.sub(lambda m: figure(m["name"], page.url), markdown)
