@@ -53,7 +53,7 @@ def _resume(fig: Figure, d: dict[str, Any]) -> None:
     ax.axvline(d["restored_step"], color=COLOURS[2], ls="-.", lw=1.5,
                label=f"checkpoint of step {d['restored_step']} restored")
     ax.set(xlabel="optimizer step", ylabel="training loss (mean over ranks)")
-    ax.legend(fontsize=8)
+    ax.legend(ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)
 
 
 def _phases(fig: Figure, d: dict[str, Any]) -> None:
@@ -92,8 +92,9 @@ def _memory(fig: Figure, d: dict[str, Any]) -> None:
     for colour, (stage, points) in zip(COLOURS, d["curves"].items()):
         ax.plot(params, [p["total_bytes"] / 2 ** 30 for p in points], "-o", ms=3, color=colour,
                 label=stage.upper() if stage == "ddp" else f"ZeRO-{stage[-1]}")
-    ax.axhline(80, color=GREY, ls="--", lw=1)
-    ax.annotate("80 GiB", (params[0], 80), xytext=(0, 3), textcoords="offset points", fontsize=8)
+    ax.axhline(80e9 / 2 ** 30, color=GREY, ls="--", lw=1)
+    ax.annotate("80 GB: one H100", (params[0], 80e9 / 2 ** 30), xytext=(0, 3), textcoords="offset points",
+                fontsize=8)
     ax.set(xscale="log", yscale="log", xlabel="model parameters (GPT-3 shapes)",
            ylabel=f"GiB per GPU ({d['inputs']['world_size']} GPUs)")
     ax.set_xticks(params, [m["name"] for m in d["models"]], fontsize=8)
