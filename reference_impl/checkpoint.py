@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import socket
 import threading
 import time
@@ -43,25 +42,17 @@ from reference_impl.config import TrainConfig
 from reference_impl.step import lr_multiplier
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector, enospc
+from reference_impl.housekeeping import prune, remove, steps_replayed
 from reference_impl.metrics import EventLog
 from reference_impl.parallel import unwrap
 from reference_impl.state import rng_state, set_rng_state
 
-PROGRESS = "progress.json"
 SCHEDULE_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "max_steps")  # what lr_multiplier reads
 
 
 def step_dir(root: Path, step: int) -> Path:
     """The published directory of `step`."""
     return root / f"step-{step:08d}"
-
-
-def remove(path: Path) -> None:
-    """Delete a file, a link (never what it points to) or a directory tree."""
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 # sha256 and file writes both release the GIL: hashing a large chunk on this thread
@@ -334,46 +325,6 @@ def load_file(path: Path) -> Any:
                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
 
-def record_progress(cfg: TrainConfig, ctx: DistContext, step: int) -> None:
-    """Rank 0 notes the furthest step reached, to count the steps a restart replays.
-
-    Raises:
-        CheckpointError: The note cannot be written (a full disk), as for a failed save.
-    """
-    if not (ctx.is_main and cfg.checkpoint_dir):
-        return
-    root = Path(cfg.checkpoint_dir)
-    tmp = root / f".{PROGRESS}.{os.getpid()}.tmp"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"step": step}))
-        os.replace(tmp, root / PROGRESS)
-    except OSError as exc:
-        remove(tmp)
-        raise CheckpointError(f"recording progress (step {step}) in {root} failed: {exc}; "
-                              "published checkpoints are untouched") from exc
-
-
-def remove_debris(root: Path) -> None:
-    """Delete the temporary files of earlier writers (crashed saves, progress notes).
-
-    Call only while holding the directory's lock: then no other writer is alive.
-    """
-    if root.is_dir():
-        for path in root.iterdir():
-            if path.name.startswith(".tmp-step-") or (path.name.startswith(f".{PROGRESS}.")
-                                                     and path.name.endswith(".tmp")):
-                remove(path)
-
-
-def _steps_replayed(root: Path, restored: int) -> int:
-    try:
-        reached = int(json.loads((root / PROGRESS).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-    return max(0, reached - restored)
-
-
 def rebase_schedule(state: Any, cfg: TrainConfig, saved_fields: dict[str, Any], log: EventLog) -> None:
     """Continue on the schedule `cfg` defines when an allowed change altered it.
 
@@ -390,19 +341,6 @@ def rebase_schedule(state: Any, cfg: TrainConfig, saved_fields: dict[str, Any], 
     for group in state.optimizer.param_groups:
         group["lr"] = new_lr
     log.progress("lr_schedule_changed", step=state.step, changed=changed, old_lr=old_lr, new_lr=new_lr)
-
-
-def prune(root: Path, restored: Path, keep_last: int, log: EventLog) -> None:
-    """Apply retention before training: keep `restored` and the newest older ones.
-
-    A relaunch with a smaller `keep_last` frees room before its first save, which a
-    full disk needs; newer entries that failed validation are left for inspection.
-    """
-    older = [p for p in published(root) if p.name < restored.name][max(keep_last - 1, 0):]
-    for path in older:
-        remove(path)
-    if older:
-        log.progress("checkpoints_pruned", paths=[str(p) for p in older], keep_last=keep_last)
 
 
 def choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any], Any] | None:
@@ -475,7 +413,7 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
             torch.manual_seed(cfg.seed + ctx.rank + 7919 * state.step)
             log.progress("rng_reseeded", reason=f"world size {manifest['world_size']} -> {ctx.world_size}")
     log.progress("checkpoint_restored", step=state.step, path=str(path), restart_count=ctx.restart_count,
-                 steps_replayed=_steps_replayed(Path(cfg.checkpoint_dir), state.step),
+                 steps_replayed=steps_replayed(Path(cfg.checkpoint_dir), state.step),
                  restore_s=round(time.perf_counter() - t0, 4), skipped_parts=sorted(skip))
     if ctx.is_main and state.step < cfg.max_steps:  # at the end nothing is trained or deleted
         prune(Path(cfg.checkpoint_dir), path, cfg.keep_last, log)

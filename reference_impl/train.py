@@ -23,13 +23,13 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 
-from reference_impl.checkpoint import (AsyncSaver, record_progress, remove_debris, restore_checkpoint,
-                                       save_checkpoint)
+from reference_impl.checkpoint import AsyncSaver, restore_checkpoint, save_checkpoint
 from reference_impl.checkpoint_validate import IncompatibleCheckpoint, check_compatible, newest_manifest
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
+from reference_impl.housekeeping import record_progress, remove_debris
 from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock, Preemption, die_with_parent
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model

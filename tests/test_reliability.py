@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from launch import REPO, Run, python_module
-from reference_impl.checkpoint import CheckpointError, published, record_progress
+from reference_impl.checkpoint import CheckpointError, published
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
+from reference_impl.housekeeping import record_progress
 from reference_impl.step import lr_multiplier
 
 pytestmark = pytest.mark.timeout(120)
