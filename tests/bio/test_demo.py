@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(cmd: list[str], timeout: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # One intra-op thread per process: on a busy 2-core machine a second spinning thread
+    # doubles the wall time (torchrun sets the same for its workers).
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -29,8 +32,10 @@ def check_report(report: dict, world_size: int) -> None:
         assert all(v > 0.5 for v in report[split]["auroc"].values()), report[split]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_demo_two_ranks_under_torchrun():
+    """The documented run (default 8 epochs, 2 DDP ranks): the scaffold split scores lower."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "reference_impl.bio.demo"]
     report = run(cmd, timeout=180)
@@ -39,6 +44,9 @@ def test_demo_two_ranks_under_torchrun():
     assert report["scaffold"]["mean_auroc"] < report["random"]["mean_auroc"]
 
 
+@pytest.mark.slow
 def test_demo_single_process():
-    report = run([sys.executable, "-m", "reference_impl.bio.demo", "--epochs", "3"], timeout=180)
+    """The plain `python -m` path, without a process group, learns every task above chance
+    on both splits; one epoch shows it (the split comparison is the two-rank test's)."""
+    report = run([sys.executable, "-m", "reference_impl.bio.demo", "--epochs", "1"], timeout=180)
     check_report(report, 1)

@@ -39,12 +39,21 @@ def test_masked_logits_change_neither_loss_nor_gradients(fill):
 
 
 def test_multiplying_by_a_mask_after_the_loss_is_not_enough():
+    """Masking after the loss multiplies NaN by 0, which is NaN: loss and gradients are
+    poisoned. The package's loss, on the same logits and NaN-marked targets, is finite
+    and equals the mean over the observed entries."""
     logits, targets = sparse_labels()
     x = logits.clone().requires_grad_(True)
     naive = F.binary_cross_entropy_with_logits(x, targets, reduction="none")
     naive = (naive * (~torch.isnan(targets))).sum()
     naive.backward()
     assert torch.isnan(naive) and torch.isnan(x.grad).any()
+
+    loss, grad = loss_and_grad(logits, targets)
+    observed = ~torch.isnan(targets)
+    expected = F.binary_cross_entropy_with_logits(logits[observed], targets[observed])
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert loss == pytest.approx(expected.item(), rel=1e-12)
 
 
 def test_equals_mean_over_observed_entries():

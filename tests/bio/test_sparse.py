@@ -26,12 +26,14 @@ def test_minibatch_equals_dense_rows(matrix, layout):
     assert y.tolist() == idx
 
 
-def test_manual_indptr_row_equals_dense_row(matrix):
-    i = 123
-    start, end = matrix.indptr[i], matrix.indptr[i + 1]
-    row = np.zeros(matrix.shape[1], dtype=np.float32)
-    row[matrix.indices[start:end]] = matrix.data[start:end]
-    assert np.array_equal(row, matrix.toarray()[i])
+def test_single_item_equals_the_dense_row_and_its_label(matrix):
+    """`ds[i]` (the path a loader without batching takes) is row i and label i."""
+    ds = CSRDataset(matrix, np.arange(300) * 10)
+    for i in (0, 123, 299):
+        item = ds[i]
+        assert item.x.shape == (1, 80)
+        assert np.array_equal(item.x.toarray()[0], matrix.toarray()[i])
+        assert item.y.tolist() == [i * 10]
 
 
 class CountingCSRDataset(CSRDataset):
