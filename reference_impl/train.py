@@ -164,7 +164,8 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     nonfinite = torch.zeros((), device=ctx.device)  # a device flag: checking it costs no sync
     state.model.train()
     try:
-        with Watchdog(cfg.step_timeout_s, timer, log) as watchdog, Preemption(cfg.preempt_grace_s, ctx, log) as stop:
+        with (Watchdog(cfg.step_timeout_s, timer, log) as watchdog,
+              Preemption(cfg.preempt_grace_s, ctx, log) as stop):
             for batches in step_batches(state, cfg):
                 if state.step >= cfg.max_steps:  # a restore at or past the end trains nothing
                     break
