@@ -8,7 +8,8 @@
 * `<!-- self-test -->` on a hard-questions page becomes a link to the Anki deck built from
   every hard question (general and biotech), each card linking the test that proves it.
 * The all-in-one page inlines the other pages with their headings one level down, so its
-  table of contents lists every page and section, and shows each code block only once.
+  table of contents lists every page and section. It shows the notebook's cells once each
+  and names every other package section instead of repeating its code.
 
 Run as a script to refresh the committed copy that Colab opens from the repository:
 
@@ -41,6 +42,7 @@ QUESTION = re.compile(r'^\?\?\? question "(?P<question>.+)"\n(?P<body>(?:(?: {4}
 TEST_REF = re.compile(r"`(?P<file>tests/[\w./-]+\.py)::(?P<name>[\w:]+)(?:\[[^\]`]*\])?`")
 PAGE_INCLUDE = re.compile(r'^--8<-- "(?P<path>docs/[^"]+\.md)"$', re.M)
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<mark>```|~~~)")
+NOTEBOOK_SECTION = "reference_impl/notebook.py:"
 CODE_INCLUDE = re.compile(r'^\s*--8<-- "(?P<target>[^"]+)"\s*$')
 
 INTRO = """# The interview trainer
@@ -123,7 +125,7 @@ def install_command(repo_url: str | None) -> str:
 
 def assemble_all_in_one(markdown: str) -> str:
     """Inline every `--8<-- "docs/x.md"` page, headings demoted, repeated code blocks linked."""
-    shown: set[tuple[str, ...]] = set()
+    shown: set[str] = set()
     return PAGE_INCLUDE.sub(
         lambda m: _plain_code(_show_code_once(_demote_headings(
             (ROOT / m["path"]).read_text(encoding="utf-8")), shown)), markdown)
@@ -145,25 +147,32 @@ def _demote_headings(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _show_code_once(text: str, shown: set[tuple[str, ...]]) -> str:
-    """Replace a fence made only of includes already shown on the page with one line."""
+def _show_code_once(text: str, shown: set[str]) -> str:
+    """Show the notebook's cells once each; name every other package section in one line."""
     lines, out, i = text.splitlines(), [], 0
     while i < len(lines):
         m = FENCE.match(lines[i])
         end = next((j for j in range(i + 1, len(lines)) if m and lines[j].strip() == m["mark"]), None)
-        body = [line for line in lines[i + 1:end] if line.strip()] if end else []
-        targets = tuple(CODE_INCLUDE.match(line)["target"] for line in body if CODE_INCLUDE.match(line))
-        if end:
-            if targets and len(targets) == len(body) and targets in shown:
-                names = ", ".join(f"`{t}`" for t in targets)
-                out.append(f"{m['indent']}*The code of {names} is shown earlier on this page.*")
-            else:
-                shown.add(targets)
-                out += lines[i:end + 1]
-            i = end + 1
+        if not end:
+            out.append(lines[i])
+            i += 1
             continue
-        out.append(lines[i])
-        i += 1
+        body = [line for line in lines[i + 1:end] if line.strip()]
+        includes = [CODE_INCLUDE.match(line) for line in body]
+        if body and all(includes):  # a fence of package sections only
+            fresh = [line for line, inc in zip(body, includes) if inc["target"] not in shown]
+            shown.update(inc["target"] for inc in includes)
+            names = ", ".join(f"`{inc['target']}`" for inc in includes if not inc["target"].endswith(":imports"))
+            if not all(inc["target"].startswith(NOTEBOOK_SECTION) for inc in includes):
+                # Package sections stay on their own pages; the notebook's cells are shown here.
+                out.append(f"{m['indent']}*Code: {names}, shown on the section's own page.*")
+            elif fresh:
+                out += [lines[i], *fresh, lines[end]]
+            else:
+                out.append(f"{m['indent']}*The code of {names} is shown earlier on this page.*")
+        else:
+            out += lines[i:end + 1]
+        i = end + 1
     return "\n".join(out) + "\n"
 
 
