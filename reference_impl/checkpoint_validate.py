@@ -10,7 +10,7 @@ counts only when
 * every file the restore needs (`train.pt`, one `rank-NNNNN.pt` per saved rank, DCP's
   `.metadata`) is listed, and every listed name stays inside the directory;
 * every listed file is a regular file (no link anywhere on its path) whose size and
-  sha256 match the manifest;
+  checksums (XXH3-128, or sha256 in older manifests) match the manifest;
 * the loaded `train.pt` holds the parts a restore reads, for the manifest's step.
 
 Each check raises `CheckpointError` with the reason; the caller skips that checkpoint,
@@ -19,13 +19,13 @@ says why, and tries the next older one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import fields
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from reference_impl import integrity
 from reference_impl.config import STRUCTURAL_FIELDS, TrainConfig
 
 FORMAT = 1
@@ -35,7 +35,6 @@ DCP_DIR = "dcp"
 DCP_METADATA = f"{DCP_DIR}/.metadata"
 LAYOUTS = ("torch_save", "dcp")
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # train.pt keys a restore reads, by layout: a file without them is not a checkpoint.
 _TRAIN_KEYS = {"torch_save": {"step", "scheduler", "scaler", "sampler", "model", "optimizer"},
                "dcp": {"step", "scheduler", "scaler", "sampler"}}
@@ -84,9 +83,8 @@ def _check_name(name: Any) -> None:
 
 
 def _check_entry(name: str, entry: Any) -> None:
-    _need(isinstance(entry, dict) and _is_int(entry.get("bytes"), 0)
-          and isinstance(entry.get("sha256"), str) and bool(_SHA256.match(entry["sha256"])),
-          f"manifest entry of {name!r} is not {{'sha256': hex, 'bytes': int}}")
+    _need(integrity.algorithm_of(entry) is not None,
+          f"manifest entry of {name!r} is not {{'{integrity.ALGORITHM}' (or 'sha256'): hex, 'bytes': int}}")
 
 
 def required_files(manifest: dict[str, Any]) -> set[str]:
@@ -146,15 +144,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return check_manifest(manifest, path)
 
 
-def digest_file(path: Path) -> dict[str, Any]:
-    """sha256 and size of one file."""
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            sha.update(chunk)
-    return {"sha256": sha.hexdigest(), "bytes": path.stat().st_size}
-
-
 def member(path: Path, name: str) -> Path:
     """`path / name`, refusing a symbolic link at any level below `path`."""
     current = path
@@ -173,11 +162,8 @@ def verify(path: Path) -> dict[str, Any]:
     """
     manifest = read_manifest(path)
     for name, expected in manifest["files"].items():
-        actual = digest_file(member(path, name))
-        if actual["bytes"] != expected["bytes"]:
-            raise CheckpointError(f"{name} has {actual['bytes']} bytes, the manifest says {expected['bytes']}")
-        if actual["sha256"] != expected["sha256"]:
-            raise CheckpointError(f"{name} fails its sha256 check (corrupt)")
+        if reason := integrity.mismatch(member(path, name), expected):
+            raise CheckpointError(f"{name}: {reason}")
     return manifest
 
 

@@ -64,7 +64,7 @@ def test_published_checkpoints_verify_and_hold_every_part(three_checkpoints: Pat
 
 @pytest.mark.parametrize("damage,reason", [
     ("truncate", "bytes, the manifest says"),
-    ("bitflip", "fails its sha256 check"),
+    ("bitflip", "fails its xxh3_128 check"),
     ("no_manifest", "no manifest"),
 ])
 def test_damaged_newest_checkpoint_is_skipped_with_its_reason(

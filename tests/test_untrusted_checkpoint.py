@@ -89,7 +89,7 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "files_is_a_list": (lambda s: edit_manifest(s, lambda m: m.__setitem__("files", [])), "'files' is invalid"),
     "empty_file_list": (lambda s: edit_manifest(s, lambda m: m.__setitem__("files", {})), "'files' is invalid"),
     "entry_not_a_dict": (lambda s: edit_manifest(s, lambda m: m["files"].__setitem__("train.pt", "x")),
-                         "is not {'sha256'"),
+                         "is not {'xxh3_128' (or 'sha256')"),
     "huge_world_size": (lambda s: edit_manifest(s, lambda m: m.__setitem__("world_size", 10**12)),
                         "exceeds the files listed"),
     "dotdot_path": (entry("../step-00000010/train.pt"), "outside the checkpoint directory"),
