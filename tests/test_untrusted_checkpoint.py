@@ -149,8 +149,9 @@ def test_a_symlinked_step_directory_is_never_deleted_through(pristine: Path, tmp
 @pytest.mark.timeout(90)
 def test_export_of_a_sharded_checkpoint_writes_no_scratch_files_inside_it(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    run = python_module(["--strategy", "fsdp", "--model", "transformer", "--max-steps", "2", "--warmup-steps", "1",
-                         "--micro-batch-size", "4", "--dataset-size", "64", "--checkpoint-dir", str(ckpt)], timeout=60)
+    run = python_module(["--strategy", "fsdp", "--model", "transformer", "--max-steps", "2",
+                         "--warmup-steps", "1", "--micro-batch-size", "4", "--dataset-size", "64",
+                         "--checkpoint-dir", str(ckpt)], timeout=60)
     assert run.returncode == 0, run.stderr
     before = {p: os.stat(p).st_mtime_ns for p in (ckpt, ckpt / "step-00000002")}
     out = tmp_path / "model.pt"
