@@ -34,7 +34,8 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from reference_impl import calc
-from reference_impl.bench import BenchmarkError, run_events, torchrun_command
+from reference_impl.bench.common import BenchmarkError, launched
+from reference_impl.launch import torchrun_command
 from reference_impl.metrics import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,10 +89,11 @@ def _events(module: str, args: Sequence[str], max_restarts: int = 0) -> list[dic
     Raises:
         BenchmarkError: The job failed or timed out.
     """
-    rc, events, err = run_events(torchrun_command(2, module, args, max_restarts), TIMEOUT_S)
-    if rc != 0:
-        raise BenchmarkError(f"{module} {' '.join(args)} failed (exit {rc}): {err.strip().splitlines()[-1:]}")
-    return events
+    run = launched(torchrun_command(2, module, args, max_restarts), TIMEOUT_S)
+    if run.returncode != 0:
+        raise BenchmarkError(f"{module} {' '.join(args)} failed (exit {run.returncode}): "
+                             f"{run.stderr.strip().splitlines()[-1:]}")
+    return run.events
 
 
 def _losses(events: Sequence[dict[str, Any]]) -> list[list[float]]:
@@ -153,10 +155,10 @@ def phases() -> dict[str, Any]:
 
 def _bench(name: str, args: Sequence[str]) -> dict[str, Any]:
     """The JSON line of `python -m reference_impl.bench name args`."""
-    rc, events, err = run_events([sys.executable, "-m", "reference_impl.bench", name, *args], TIMEOUT_S)
-    record = next((e for e in events if e.get("benchmark") == name), None)
-    if rc != 0 or record is None:
-        raise BenchmarkError(f"bench {name} failed (exit {rc}): {err.strip().splitlines()[-1:]}")
+    run = launched([sys.executable, "-m", "reference_impl.bench", name, *args], TIMEOUT_S)
+    record = next((e for e in run.events if e.get("benchmark") == name), None)
+    if run.returncode != 0 or record is None:
+        raise BenchmarkError(f"bench {name} failed (exit {run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
     return record
 
 

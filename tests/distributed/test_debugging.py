@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, _kill_tree, torchrun
+from launch import REPO, kill_tree, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -50,6 +50,6 @@ def test_py_spy_dump_shows_the_rank_waiting_in_its_all_reduce() -> None:
         dump = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=30)
     finally:
-        _kill_tree(proc)
+        kill_tree(proc)
     assert dump.returncode == 0, dump.stderr
     assert "all_reduce" in dump.stdout and "stuck_collective" in dump.stdout, dump.stdout

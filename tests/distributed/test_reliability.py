@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, _descendants, _kill_tree, python_module, torchrun
+from launch import REPO, descendants, kill_tree, python_module, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -40,7 +40,7 @@ def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
         for line in agent.stdout:  # type: ignore[union-attr]
             if '"event": "step"' in line:
                 break
-        workers = _descendants(agent.pid)
+        workers = descendants(agent.pid)
         assert len(workers) >= 2
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
@@ -50,7 +50,7 @@ def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
         survivors = [pid for pid in workers if alive(pid)]
         assert survivors == [], "workers kept training without their agent"
     finally:
-        _kill_tree(agent)
+        kill_tree(agent)
     relaunch = torchrun([*BASE, "--max-steps", "20", "--checkpoint-dir", str(tmp_path)], timeout=90)
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]  # the lock went with the workers
 
@@ -83,7 +83,7 @@ def test_sigterm_to_the_agent_is_forwarded_and_ends_with_a_checkpoint(tmp_path: 
         lines += agent.stdout.read().splitlines()  # type: ignore[union-attr]
         agent.wait(60)
     finally:
-        _kill_tree(agent)
+        kill_tree(agent)
     events = [json.loads(line) for line in lines if line.startswith("{")]
     preempted = [e for e in events if e["event"] == "preempted"]
     saved = [e for e in events if e["event"] == "checkpoint_saved"]

@@ -1,0 +1,83 @@
+"""Benchmarks: `python -m reference_impl.bench NAME [options] [train flags]`.
+
+Each benchmark is one module of this package whose function is registered with
+[`benchmark`][reference_impl.bench.common.benchmark]. Flags the benchmark does not
+define are `TrainConfig` flags (`--model`, `--hidden-dim`, ...), applied on top of the
+benchmark's own defaults. Every benchmark ends with
+[`report`][reference_impl.bench.common.report]: a readable table, then one JSON line that
+scripts read (`{"benchmark": NAME, ...}`).
+
+    python -m reference_impl.bench overhead --rounds 5 --model mlp --hidden-dim 512
+    python -m reference_impl.bench checkpoint --hidden-dims 4096,10000
+    python -m reference_impl.bench async --rounds 3
+    python -m reference_impl.bench pipeline --microbatches 2,4,8
+    python -m reference_impl.bench gpu --nproc 1
+
+A benchmark registered with `nproc` (`async`, `pipeline`, `gpu`) runs once per rank under
+torchrun. Started with plain `python -m`, it relaunches itself as
+`torchrun --standalone --nproc-per-node NPROC -m reference_impl.bench NAME ...` and
+exits with torchrun's status; started by torchrun directly it simply runs. Rank 0
+prints the report. A new benchmark is one new module here plus its import below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+# Importing a benchmark module registers it.
+from reference_impl.bench import async_save, checkpoint, gpu, overhead, pipeline  # noqa: F401
+from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, report
+from reference_impl.bench.checkpoint import recovery_times
+from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.launch import torchrun_command
+from reference_impl.train import preflight
+
+__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkError", "benchmark", "build_parser", "main", "recovery_times",
+           "report"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand per registered benchmark."""
+    parser = argparse.ArgumentParser(
+        prog="python -m reference_impl.bench",
+        description="Benchmarks. Options a benchmark does not define are TrainConfig flags.")
+    sub = parser.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, bench in BENCHMARKS.items():
+        subparser = sub.add_parser(name, help=bench.help, description=bench.help)
+        bench.add_arguments(subparser)
+        if bench.nproc:
+            subparser.add_argument("--nproc", type=int, default=bench.nproc,
+                                   help="processes torchrun starts, one per device")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark named on the command line; 2 on a bad flag, 1 on a failed run.
+
+    A benchmark registered with `nproc`, started outside torchrun, is relaunched under
+    torchrun with the same arguments; its exit status is torchrun's.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    args, train_flags = build_parser().parse_known_args(argv)
+    bench = BENCHMARKS[args.name]
+    launch = bench.nproc > 0 and "WORLD_SIZE" not in os.environ
+    try:
+        # Validate with the world size the ranks will have, so a bad flag fails here, once.
+        environ = {"WORLD_SIZE": str(args.nproc)} if launch else None
+        cfg = TrainConfig.from_cli([*bench.train_defaults, *train_flags], environ)
+        preflight(cfg)  # e.g. --device cuda without a GPU
+        if launch:
+            env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            return subprocess.run(torchrun_command(args.nproc, "reference_impl.bench", argv), env=env).returncode
+        bench.run(args, cfg)
+    except ConfigError as exc:
+        print(f"reference_impl.bench {args.name}: error: {exc}", file=sys.stderr)
+        return 2
+    except BenchmarkError as exc:
+        print(f"reference_impl.bench {args.name}: failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+

@@ -1,0 +1,111 @@
+"""`bench async`: how long an async FSDP checkpoint blocks training, against a sync save."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+
+from reference_impl.bench.common import add_rounds_argument, benchmark, interleave, median, remove_shared, report, settle, shared_tempdir, slowest, trained_state
+from reference_impl.checkpoint import AsyncSaver, save_checkpoint
+from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.distributed import DistContext, distributed
+from reference_impl.metrics import EventLog
+from reference_impl.train import TrainState
+
+
+def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, rounds: int) -> dict[str, list[float]]:
+    """Seconds training waits for a sync FSDP save and for an async one, in interleaved rounds.
+
+    Each save is `save_checkpoint` of the same state into a fresh directory, timed
+    from the call to its return; the async one (`saver=AsyncSaver()`) returns once DCP
+    has staged a copy, and is then waited for (its `total`: staged, written and
+    published). Every value is the slowest rank's. One untimed save of each kind comes
+    first (DCP's planning, the saver's gloo group).
+
+    Args:
+        state: An FSDP state; every rank calls this.
+        cfg: Its config (`checkpoint_dir` is replaced by a scratch directory).
+        ctx: This rank's context.
+        rounds: Timed rounds.
+
+    Returns:
+        `sync`, `blocked` (async, until `save_checkpoint` returned) and `async_total`
+        seconds, one value per round.
+    """
+    root, saver, log = shared_tempdir(ctx), AsyncSaver(), EventLog(ctx.rank, io.StringIO())
+    saves = itertools.count()
+
+    def save(background: bool) -> tuple[float, float]:
+        path = root / str(next(saves))
+        settle(ctx)
+        t0 = time.perf_counter()
+        save_checkpoint(state, replace(cfg, checkpoint_dir=str(path)), ctx, log,
+                        saver=saver if background else None)
+        returned = time.perf_counter() - t0
+        saver.wait()
+        done = time.perf_counter() - t0
+        remove_shared(path, ctx)
+        returned, done = slowest(ctx, returned, done)
+        return returned, done
+
+    try:
+        save(False)
+        save(True)
+        times = interleave(rounds, {"sync": partial(save, False), "async": partial(save, True)})
+    finally:
+        remove_shared(root, ctx)
+    return {"sync": [t for t, _ in times["sync"]], "blocked": [t for t, _ in times["async"]],
+            "async_total": [t for _, t in times["async"]]}
+
+
+def stall_summary(stall: dict[str, list[float]]) -> dict[str, float]:
+    """Medians of a `checkpoint_stall` result and the blocked/sync ratio."""
+    medians = {name: median(t) for name, t in stall.items()}
+    return {"sync_s": round(medians["sync"], 4), "blocked_s": round(medians["blocked"], 4),
+            "async_total_s": round(medians["async_total"], 4),
+            "blocked_ratio": round(medians["blocked"] / medians["sync"], 4)}
+
+
+@benchmark("async", "how long an async FSDP checkpoint blocks training against a sync save "
+                    "(torchrun, CPU/gloo by default)",
+           train_defaults=("--model", "transformer", "--strategy", "fsdp", "--d-model", "512",
+                           "--n-layers", "8", "--n-heads", "8", "--hidden-dim", "2048",
+                           "--micro-batch-size", "4", "--dataset-size", "64", "--max-steps", "1",
+                           "--warmup-steps", "0", "--device", "cpu"),
+           add_arguments=add_rounds_argument, nproc=2)
+
+
+def async_checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
+    """Async versus sync `save_checkpoint` of one FSDP state (25.2M parameters by default).
+
+    Runs on every rank under torchrun; rank 0 reports. See
+    [`checkpoint_stall`][reference_impl.bench.async_save.checkpoint_stall] for what is timed.
+
+    Args:
+        args: `--rounds` (and `--nproc`, used by the launcher).
+        cfg: The FSDP run whose state is saved, after `max_steps` steps of training.
+    """
+    if cfg.strategy != "fsdp":
+        raise ConfigError("async checkpoints are FSDP-only (--strategy fsdp)")
+    with distributed(cfg.device, cfg.pg_timeout_s) as ctx:
+        state = trained_state(cfg, ctx)
+        params = sum(p.numel() for p in state.model.parameters())  # DTensors: global sizes
+        stall = checkpoint_stall(state, cfg, ctx, args.rounds)
+        if not ctx.is_main:
+            return {}
+        summary = stall_summary(stall)
+        rows = [["sync save", summary["sync_s"], min(stall["sync"]), max(stall["sync"])],
+                ["async, blocked", summary["blocked_s"], min(stall["blocked"]), max(stall["blocked"])],
+                ["async, until published", summary["async_total_s"], min(stall["async_total"]),
+                 max(stall["async_total"])],
+                ["blocked/sync", summary["blocked_ratio"], "", ""]]
+        return report("async", ["save", "median s", "min", "max"], rows, {
+            **summary, "params": params, "world_size": ctx.world_size, "device": str(ctx.device),
+            "rounds": args.rounds, "config_digest": cfg.digest(),
+        })

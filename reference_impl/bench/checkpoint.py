@@ -1,0 +1,217 @@
+"""`bench checkpoint`: our save and restore against raw torch.save/torch.load, and SIGKILL recovery."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reference_impl.bench.common import (BenchmarkError, benchmark, int_list, interleave, launched, median, report,
+                                         settle, timed, trained_state)
+from reference_impl.checkpoint import published, restore_checkpoint, save_checkpoint
+from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.distributed import DistContext
+from reference_impl.launch import torchrun_command
+from reference_impl.metrics import EventLog
+from reference_impl.parallel import unwrap
+from reference_impl.train import TrainState
+
+RECOVERY_TIMEOUT_S = 300.0
+
+
+def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per measurement (median reported), and SIGKILL recovery runs")
+    parser.add_argument("--hidden-dims", type=int_list, default=(4096, 10000),
+                        help="model sizes: comma-separated --hidden-dim values, one measurement each "
+                             "(MLP: 4096 is 16.9M parameters, 10000 is 100.4M)")
+
+
+def _raw_state(state: TrainState) -> dict[str, Any]:
+    return {"model": unwrap(state.model).state_dict(), "optimizer": state.optimizer.state_dict()}
+
+
+def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
+    """Time our save and restore of one model size against raw `torch.save`/`torch.load`.
+
+    In one process on the CPU, a model trained `cfg.max_steps` steps (so AdamW's two
+    moments exist) is saved, in interleaved rounds, three ways into one directory:
+
+    * ours: `save_checkpoint` (DDP layout: `torch.save` of model, optimizer, schedule and
+      sampler hashed while writing, fsync of every file, manifest, atomic rename);
+    * raw: `torch.save({"model": ..., "optimizer": ...}, path)`, without fsync: the data
+      may still be in the page cache when the clock stops;
+    * raw+fsync: the same followed by `os.fsync` of the file, a durable baseline.
+
+    Then the newest files are restored, in interleaved rounds: ours with
+    `restore_checkpoint` (verify every file's sha256, load with `weights_only=True`,
+    load the state dicts) and raw with `torch.load(weights_only=True)` and the same two
+    `load_state_dict` calls. Every case starts after an untimed `os.sync()`; restores
+    read files the page cache holds, for both sides.
+
+    Args:
+        cfg: The run whose state is saved; `hidden_dim` sets the size.
+        rounds: Timed rounds per case; medians are reported.
+
+    Returns:
+        Parameter count, state bytes, median seconds per case and the ratios.
+    """
+    ctx, log = DistContext(), EventLog(0, io.StringIO())
+    state = trained_state(cfg, ctx)
+    root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
+    ckpt_cfg, raw = replace(cfg, checkpoint_dir=str(root)), root / "raw.pt"
+
+    def save_ours() -> float:
+        for old in published(root):
+            shutil.rmtree(old)
+        settle(ctx)
+        return timed(lambda: save_checkpoint(state, ckpt_cfg, ctx, log))
+
+    def save_raw(fsync: bool) -> float:
+        raw.unlink(missing_ok=True)
+        settle(ctx)
+
+        def save() -> None:
+            torch.save(_raw_state(state), raw)
+            if fsync:
+                fd = os.open(raw, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        return timed(save)
+
+    def load_raw() -> None:
+        saved = torch.load(raw, map_location="cpu", weights_only=True)
+        unwrap(state.model).load_state_dict(saved["model"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+
+    def restore(fn: Callable[[], object]) -> float:
+        gc.collect()  # the previous case's loaded copy is freed before, not during, the timing
+        settle(ctx)
+        return timed(fn)
+
+    try:
+        saves = interleave(rounds, {"ours": save_ours, "raw": partial(save_raw, False),
+                                    "raw_fsync": partial(save_raw, True)})
+        restores = interleave(rounds, {"ours": partial(restore, lambda: restore_checkpoint(state, ckpt_cfg, ctx, log)),
+                                       "raw": partial(restore, load_raw)})
+        state_bytes = raw.stat().st_size
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    save_s = {name: median(t) for name, t in saves.items()}
+    restore_s = {name: median(t) for name, t in restores.items()}
+    return {
+        "hidden_dim": cfg.hidden_dim, "params": sum(p.numel() for p in state.model.parameters()),
+        "state_bytes": state_bytes,
+        "save_ours_s": round(save_s["ours"], 4), "save_raw_s": round(save_s["raw"], 4),
+        "save_raw_fsync_s": round(save_s["raw_fsync"], 4),
+        "restore_ours_s": round(restore_s["ours"], 4), "restore_raw_s": round(restore_s["raw"], 4),
+        "save_ratio": round(save_s["ours"] / save_s["raw"], 4),
+        "save_ratio_fsync": round(save_s["ours"] / save_s["raw_fsync"], 4),
+        "restore_ratio": round(restore_s["ours"] / restore_s["raw"], 4),
+    }
+
+
+def recovery_times(events: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """Seconds from the kill to the restore, and to the first step after it.
+
+    The kill is dated by attempt 0's last `step` event: with `--log-every 1` rank 0
+    logs every step, and the failing rank dies just before the next one.
+
+    Args:
+        events: The run's events (rank 0's progress across both attempts), in order.
+
+    Returns:
+        (kill to `checkpoint_restored` of attempt 1, kill to attempt 1's first `step`).
+
+    Raises:
+        BenchmarkError: The events do not show a kill, a restore and a resumed step.
+    """
+    names = [(e.get("event"), e.get("restart_count")) for e in events]
+    try:
+        restart = names.index(("run_start", 1))
+        killed = [e for e in events[:restart] if e["event"] == "step"][-1]["time"]
+        restored = names.index(("checkpoint_restored", 1), restart)
+        resumed = next(e for e in events[restored:] if e["event"] == "step")["time"]
+    except (ValueError, IndexError, StopIteration):
+        raise BenchmarkError("the recovery run did not show a kill, a restore and a resumed step") from None
+    return events[restored]["time"] - killed, resumed - killed
+
+
+def recovery_run() -> tuple[float, float]:
+    """Kill rank 1 of a 2-rank torchrun job at step 15, let torchrun restart it, time it.
+
+    The job is the trainer's small default MLP, checkpointing every 10 steps, so the
+    numbers are the restart machinery (process start, rendezvous, verified restore),
+    not checkpoint I/O.
+
+    Returns:
+        (kill to restore, kill to the first resumed step) in seconds, from the events'
+        wall-clock `time` fields.
+
+    Raises:
+        BenchmarkError: The job failed, timed out or did not resume.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as root:
+        flags = ["--max-steps", "30", "--warmup-steps", "0", "--micro-batch-size", "8",
+                 "--dataset-size", "512", "--device", "cpu", "--checkpoint-dir", root,
+                 "--checkpoint-every", "10", "--fail-at-step", "15", "--fail-rank", "1", "--log-every", "1"]
+        run = launched(torchrun_command(2, "reference_impl.train", flags, max_restarts=1), RECOVERY_TIMEOUT_S)
+    if run.returncode != 0:
+        raise BenchmarkError(f"the recovery run failed (exit {run.returncode}): "
+                             f"{run.stderr.strip().splitlines()[-1:]}")
+    return recovery_times(run.events)
+
+
+@benchmark("checkpoint", "save/restore of our checkpoints against raw torch.save/torch.load, "
+                         "and SIGKILL-to-resumed-step recovery under torchrun",
+           train_defaults=("--model", "mlp", "--micro-batch-size", "8", "--dataset-size", "64",
+                           "--max-steps", "1", "--warmup-steps", "0", "--device", "cpu", "--keep-last", "1"),
+           add_arguments=_add_checkpoint_arguments)
+
+
+def checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
+    """Checkpoint cost per model size ([`checkpoint_round_trip`][reference_impl.bench.checkpoint.checkpoint_round_trip])
+    and restart latency ([`recovery_run`][reference_impl.bench.checkpoint.recovery_run]).
+
+    Args:
+        args: `--rounds` and `--hidden-dims`.
+        cfg: The single-process run whose state is saved, one size per `--hidden-dims` entry.
+    """
+    if cfg.world_size != 1:
+        raise ConfigError("checkpoint runs in one process (it starts its own torchrun job); "
+                          "run it with python -m, not torchrun")
+    sizes = []
+    for hidden_dim in args.hidden_dims:
+        sizes.append(checkpoint_round_trip(replace(cfg, hidden_dim=hidden_dim), args.rounds))
+        gc.collect()
+    restored, resumed = zip(*(recovery_run() for _ in range(args.rounds)))
+    rows: list[list[Any]] = []
+    for s in sizes:
+        size = [f"{s['params'] / 1e6:.1f}M", f"{s['state_bytes'] / 1e6:.0f}"]
+        rows.append([*size, "save", s["save_ours_s"], s["save_raw_s"], s["save_raw_fsync_s"],
+                     s["save_ratio"], s["save_ratio_fsync"]])
+        rows.append([*size, "restore", s["restore_ours_s"], s["restore_raw_s"], "", s["restore_ratio"], ""])
+    rows.append(["2 ranks", "", "SIGKILL->restored", median(restored), "", "", "", ""])
+    rows.append(["2 ranks", "", "SIGKILL->1st step", median(resumed), "", "", "", ""])
+    return report("checkpoint", ["params", "MB", "operation", "ours s", "raw s", "raw+fsync s",
+                                 "ours/raw", "ours/(raw+fsync)"], rows, {
+        "sizes": sizes,
+        "max_save_ratio": max(s["save_ratio"] for s in sizes),
+        "max_save_ratio_fsync": max(s["save_ratio_fsync"] for s in sizes),
+        "max_restore_ratio": max(s["restore_ratio"] for s in sizes),
+        "recovery_restored_s": round(median(restored), 3), "recovery_s": round(median(resumed), 3),
+        "recovery_s_all": [round(t, 3) for t in resumed], "raw_save_fsync": False,
+        "rounds": args.rounds, "model": cfg.model, "config_digest": cfg.digest(),
+    })

@@ -1,0 +1,108 @@
+"""`bench overhead`: the trainer's loop against a bare PyTorch loop."""
+
+from __future__ import annotations
+
+import argparse
+import io
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from reference_impl.bench.common import Clock, benchmark, interleave, median, report
+from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.distributed import DistContext
+from reference_impl.metrics import EventLog
+from reference_impl.model import build_model, loss_fn
+from reference_impl.step import build_optimizer
+from reference_impl.train import build_dataset, build_state, train
+
+
+def _add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="timed rounds; each runs both loops, alternating which goes first")
+    # One thread by default: on a small shared machine a spinning intra-op pool turns
+    # other processes' load into noise far larger than the overhead being measured.
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+
+
+def bare_loop(cfg: TrainConfig) -> tuple[float, float]:
+    """Train `cfg.max_steps` steps with the plainest loop; return (wall, CPU) seconds per step.
+
+    Same model, data, batch size and optimizer as the trainer, nothing else: no timers,
+    events, schedule, clipping or accumulation. Setup is not timed.
+    """
+    dataset = build_dataset(cfg)
+    loader = DataLoader(dataset, batch_size=cfg.micro_batch_size, shuffle=True, drop_last=True,
+                        num_workers=cfg.num_workers, generator=torch.Generator().manual_seed(cfg.seed))
+    model = build_model(cfg)
+    optimizer = build_optimizer(model, cfg)
+    model.train()
+    steps = 0
+    clock = Clock()
+    while steps < cfg.max_steps:
+        for x, y, _ in loader:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+            if steps == cfg.max_steps:
+                break
+    return clock.per_step(cfg.max_steps)
+
+
+def trainer_loop(cfg: TrainConfig) -> tuple[float, float]:
+    """Run `reference_impl.train.train` in this process on the CPU; return (wall, CPU) s/step.
+
+    Events go to an in-memory stream so terminal speed is not measured. Building the
+    model, data and optimizer is not timed, as in `bare_loop`.
+    """
+    ctx = DistContext()
+    state = build_state(cfg, ctx)
+    clock = Clock()
+    train(cfg, ctx, EventLog(ctx.rank, io.StringIO()), state=state)
+    return clock.per_step(cfg.max_steps)
+
+
+@benchmark("overhead", "the trainer's loop against a bare PyTorch loop (per-step time, ratio)",
+           train_defaults=("--model", "mlp", "--hidden-dim", "512", "--micro-batch-size", "128",
+                           "--max-steps", "50", "--warmup-steps", "0", "--device", "cpu",
+                           # The bare loop does not clip; clipping is configured math, not loop overhead.
+                           "--grad-clip", "0"),
+           add_arguments=_add_overhead_arguments)
+
+
+def overhead(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
+    """Median per-step wall (and CPU) time of the trainer and a bare loop, interleaved.
+
+    One untimed warm-up of each comes first (thread pools, allocator). Each round then
+    runs both loops, alternating which goes first, so drift in machine load lands on
+    both sides.
+
+    Args:
+        args: `--rounds` and `--threads`.
+        cfg: The run both loops train; `max_steps` is the steps per loop and round.
+    """
+    if cfg.world_size != 1 or cfg.grad_accum_steps != 1:
+        raise ConfigError("overhead compares single-process loops without accumulation")
+    torch.set_num_threads(args.threads)
+    loops = {"trainer": trainer_loop, "bare": bare_loop}
+    for fn in loops.values():
+        fn(cfg)
+    timings = interleave(args.rounds, {name: partial(fn, cfg) for name, fn in loops.items()})
+    wall = {name: [w for w, _ in t] for name, t in timings.items()}
+    cpu = {name: [c for _, c in t] for name, t in timings.items()}
+    ms = {name: median(t) * 1e3 for name, t in wall.items()}
+    cpu_ms = {name: median(t) * 1e3 for name, t in cpu.items()}
+    ratio, cpu_ratio = ms["trainer"] / ms["bare"], cpu_ms["trainer"] / cpu_ms["bare"]
+    rows = [[name, ms[name], min(wall[name]) * 1e3, max(wall[name]) * 1e3, cpu_ms[name]] for name in loops]
+    rows.append(["trainer/bare", ratio, "", "", cpu_ratio])
+    return report("overhead", ["loop", "median ms/step", "min", "max", "cpu ms/step"], rows, {
+        "ratio": round(ratio, 4), "cpu_ratio": round(cpu_ratio, 4),
+        "trainer_ms_per_step": round(ms["trainer"], 4), "bare_ms_per_step": round(ms["bare"], 4),
+        "rounds": args.rounds, "steps": cfg.max_steps, "model": cfg.model,
+        "micro_batch_size": cfg.micro_batch_size, "threads": args.threads,
+        "config_digest": cfg.digest(),
+    })
