@@ -13,7 +13,9 @@ import torch
 from torch.utils.data import Dataset, Sampler
 # --8<-- [end:imports]
 
+# --8<-- [start:sample]
 Sample = tuple[torch.Tensor, torch.Tensor, int]
+# --8<-- [end:sample]
 
 
 # --8<-- [start:synthetic_datasets]

@@ -5,6 +5,7 @@ fixed number of sequences wastes compute on padding and makes memory depend on t
 longest sequence drawn; batching by a token budget bounds ``max_len * batch_size``.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -12,8 +13,10 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
+# --8<-- [end:imports]
 
 
+# --8<-- [start:padded_batch]
 class PaddedBatch(NamedTuple):
     """A padded batch.
 
@@ -29,6 +32,7 @@ class PaddedBatch(NamedTuple):
     tokens: torch.Tensor
     mask: torch.Tensor
     lengths: torch.Tensor
+# --8<-- [end:padded_batch]
 
 
 # --8<-- [start:pad_batch]

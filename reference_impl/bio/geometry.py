@@ -6,10 +6,12 @@ centroid, never on the batch's, and normalise vector features only by rotation
 invariant quantities (their norms); a per-axis BatchNorm is not equivariant.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import torch
 from torch import nn
+# --8<-- [end:imports]
 
 
 # --8<-- [start:center_per_molecule]

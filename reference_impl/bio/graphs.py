@@ -6,6 +6,7 @@ offset), and a ``batch`` vector maps every node to its graph. Message passing th
 runs once over the whole batch and never crosses between molecules.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -14,12 +15,14 @@ from typing import Literal
 
 import torch
 from rdkit import Chem
+# --8<-- [end:imports]
 
 #: Atomic numbers with their own one-hot slot; every other element shares the last.
 ATOM_TYPES: tuple[int, ...] = (6, 7, 8, 9, 15, 16, 17, 35, 53)
 NUM_NODE_FEATURES = len(ATOM_TYPES) + 1 + 4
 
 
+# --8<-- [start:graph_types]
 @dataclass
 class MolGraph:
     """One molecule as a graph.
@@ -56,6 +59,7 @@ class GraphBatch:
     def num_graphs(self) -> int:
         """Number of graphs in the batch."""
         return len(self.ptr) - 1
+# --8<-- [end:graph_types]
 
 
 def mol_to_graph(smiles: str) -> MolGraph:

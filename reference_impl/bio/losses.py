@@ -4,10 +4,12 @@ In bioassay tables most (compound, assay) cells were never measured. A missing
 label is encoded as NaN and is excluded from the loss; it is never a negative.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+# --8<-- [end:imports]
 
 
 # --8<-- [start:masked_bce]

@@ -5,6 +5,7 @@
 screening campaign pays for: only the top of the ranked list is ever tested.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import math
@@ -12,8 +13,10 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.stats import rankdata
+# --8<-- [end:imports]
 
 
+# --8<-- [start:auroc_result]
 class AurocResult(NamedTuple):
     """Per-task AUROC.
 
@@ -26,6 +29,7 @@ class AurocResult(NamedTuple):
     per_task: np.ndarray
     mean: float
     n_skipped: int
+# --8<-- [end:auroc_result]
 
 
 # --8<-- [start:auroc]
@@ -72,10 +76,12 @@ def per_task_auroc(y_true: np.ndarray, y_score: np.ndarray) -> AurocResult:
 # --8<-- [end:auroc]
 
 
+# --8<-- [start:rank_actives]
 def _rank_actives(y_true: np.ndarray, y_score: np.ndarray) -> np.ndarray:
     """Labels reordered best score first; ties keep input order (as RDKit does)."""
     order = np.argsort(-np.asarray(y_score, dtype=float), kind="stable")
     return np.asarray(y_true)[order].astype(bool)
+# --8<-- [end:rank_actives]
 
 
 # --8<-- [start:bedroc]

@@ -8,13 +8,16 @@ triangle attention with 4 heads of 32 channels, triangle multiplication with 128
 hidden channels, outer-product mean with 32 channels, pair transition x4.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 from typing import NamedTuple
 
 import torch
+# --8<-- [end:imports]
 
 
+# --8<-- [start:pair_memory_type]
 class PairMemory(NamedTuple):
     """Bytes of the largest pair-stack tensors of one Evoformer block.
 
@@ -33,6 +36,7 @@ class PairMemory(NamedTuple):
     triangle_mult_projection: int
     outer_product: int
     transition_hidden: int
+# --8<-- [end:pair_memory_type]
 
 
 # --8<-- [start:pair_memory]

@@ -6,6 +6,7 @@ SciPy's per-call overhead. The dataset here therefore slices once per minibatch:
 the DataLoader hands it the whole index list through ``__getitems__``.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,13 +16,16 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from torch.utils.data import Dataset
+# --8<-- [end:imports]
 
 
+# --8<-- [start:csr_batch]
 class CSRBatch(NamedTuple):
     """Rows of a CSR matrix and their labels, before conversion to tensors."""
 
     x: sp.csr_matrix
     y: np.ndarray
+# --8<-- [end:csr_batch]
 
 
 # --8<-- [start:csr_dataset]

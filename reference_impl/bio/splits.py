@@ -6,6 +6,7 @@ than to near-copies of training molecules. A time split trains on the past and t
 on the future, the closest offline proxy for prospective use.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,9 @@ from typing import Literal, NamedTuple
 import numpy as np
 from rdkit import Chem, rdBase
 from rdkit.Chem.Scaffolds import MurckoScaffold
+# --8<-- [end:imports]
 
+# --8<-- [start:split_types]
 logger = logging.getLogger(__name__)
 
 InvalidPolicy = Literal["raise", "drop", "singleton"]
@@ -41,6 +44,7 @@ class ScaffoldGroups(NamedTuple):
 
     groups: list[np.ndarray]
     invalid: np.ndarray
+# --8<-- [end:split_types]
 
 
 # --8<-- [start:scaffold_key]
@@ -71,6 +75,7 @@ def scaffold_key(
 # --8<-- [end:scaffold_key]
 
 
+# --8<-- [start:scaffold_groups]
 def scaffold_groups(
     smiles: Sequence[str],
     *,
@@ -111,6 +116,7 @@ def scaffold_groups(
         by_key.setdefault(key, []).append(i)
     groups = [np.asarray(rows, dtype=np.int64) for rows in by_key.values()]
     return ScaffoldGroups(groups, np.asarray(bad, dtype=np.int64))
+# --8<-- [end:scaffold_groups]
 
 
 # --8<-- [start:scaffold_split]

@@ -26,6 +26,9 @@ MKDOCS_YML = ROOT / "mkdocs.yml"
 EXECUTED_LANGS = {"python", "sh", "bash"}
 # Languages that look runnable: a fence using one of them must be exactly an executed language.
 RUNNABLE_LOOKING = {"python", "py", "python3", "pycon", "ipython", "sh", "bash", "shell", "zsh"}
+# The one fence attribute the code-block tests accept: a python block's title, which labels it
+# as an excerpt of a package module (```python title="reference_impl/step.py"```).
+EXECUTED_INFO = re.compile(r'^(?:(?:sh|bash)|python(?:\s+title="(?P<title>[^"]*)")?)$')
 SECTION_START = re.compile(r"--8<--\s*\[start:(?P<name>[a-z][-_0-9a-z]*)\]", re.I)
 INCLUDE_LINE = re.compile(r'^\s*-{1,}8<-{1,}\s+"(?P<path>[^"]+?)(?::(?P<section>[a-z][-_0-9a-z]*))?"\s*$', re.I)
 
@@ -82,6 +85,16 @@ class DocBlock:
         return f"{rel(self.path)}:{self.lineno}"
 
     @property
+    def executed(self) -> bool:
+        """True for ```python (with or without a title), ```sh and ```bash fences."""
+        return bool(EXECUTED_INFO.match(self.info))
+
+    @property
+    def title(self) -> str | None:
+        m = EXECUTED_INFO.match(self.info)
+        return m["title"] if m else None
+
+    @property
     def includes(self) -> list[tuple[str, str | None]]:
         return [(m["path"], m["section"]) for line in self.code.splitlines()
                 if (m := INCLUDE_LINE.match(line))]
@@ -108,7 +121,7 @@ def all_blocks() -> list[DocBlock]:
 
 
 def executed_blocks() -> list[DocBlock]:
-    return [b for b in all_blocks() if b.info in EXECUTED_LANGS]
+    return [b for b in all_blocks() if b.executed]
 
 
 # Modules that are scripts made of cells (they run on import): their sections on a page are

@@ -3,6 +3,10 @@
 * A block made only of `--8<-- "reference_impl/m.py:section"` lines is a *slice*: the expanded
   text is executed in a copy of the module's namespace, which proves that what the page shows
   is valid, self-consistent code of that module (its behaviour is proven by the unit tests).
+  Then every line shown must be a line of the module, every function and class the slice
+  defines must be the module's own (the module's source of that object, from its first
+  decorator, starts with the text shown; a section may elide the end of a class), every name it imports must be bound to the very object the
+  module has, and every constant it assigns must equal the module's.
 * Any other python block runs in a fresh namespace; `<!--pytest-codeblocks:expected-output-->`
   followed by a fence makes the printed output part of the test.
 * sh/bash blocks run with `bash -euo pipefail` from the repository root, with this
@@ -14,14 +18,18 @@ Run only these tests with:  pytest tests/docs/test_docs_codeblocks.py
 from __future__ import annotations
 
 import __future__
+import ast
 import contextlib
 import importlib
+import inspect
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -59,13 +67,52 @@ def _isolated_process_state():
         os.chdir(cwd)
 
 
+_MARKER_LINE = re.compile(r"^\s*#\s*-+8<-+\s*\[(?:start|end):[a-z][-_0-9a-z]*\]\s*$", re.I)
+
+
+def _without_markers(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not _MARKER_LINE.match(line))
+
+
 def _run_slice(block: support.DocBlock, code: str) -> None:
     (path, _section), *_ = block.includes
+    assert {p for p, _ in block.includes} == {path}, f"{block.id}: a slice shows sections of one module"
     module = importlib.import_module(support.module_name(path))
-    namespace = dict(vars(module))
+    module_ns = vars(module)
+    namespace = dict(module_ns)
     # Compile with the module's own `from __future__ import annotations`, if it has one.
     flags = __future__.annotations.compiler_flag if namespace.get("annotations") is __future__.annotations else 0
     exec(compile(code, block.id, "exec", flags=flags, dont_inherit=True), namespace)  # noqa: S102
+
+    # What ran is what the module holds: nothing shown that the module lacks, nothing redefined.
+    source = (support.ROOT / path).read_text(encoding="utf-8")
+    module_lines = {line.strip() for line in source.splitlines()}
+    foreign = [line for line in code.splitlines() if line.strip() and line.strip() not in module_lines]
+    assert not foreign, f"{block.id}: shows lines that {path} does not have: {foreign[:3]}"
+    shown = textwrap.dedent(code)
+    for node in ast.parse(shown).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                name = alias.asname or alias.name.split(".")[0]
+                if name != "annotations" or not isinstance(node, ast.ImportFrom) or node.module != "__future__":
+                    assert namespace[name] is module_ns.get(name), (
+                        f"{block.id}: `{name}` is imported differently from {path}")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            assert node.name in module_ns, f"{block.id}: defines {node.name}, which {path} does not have"
+            # A section may end inside a class (the rest of it is elided), but what it shows is
+            # the module's definition from its first decorator on, line for line.
+            own = _without_markers(textwrap.dedent(inspect.getsource(module_ns[node.name]))).strip()
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            as_shown = "\n".join(shown.splitlines()[first - 1: node.end_lineno])
+            as_shown = _without_markers(as_shown).strip()
+            assert own.startswith(as_shown), (
+                f"{block.id}: `{node.name}` as shown is not the start of {path}'s `{node.name}`")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for name in (n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)):
+                assert name in module_ns, f"{block.id}: assigns {name}, which {path} does not have"
+                with contextlib.suppress(Exception):  # values without a usable == are only checked by name
+                    assert bool(namespace[name] == module_ns[name]), f"{block.id}: {name} differs from {path}'s"
 
 
 def _run_python(block: support.DocBlock, code: str) -> str:

@@ -33,10 +33,17 @@ def _page_params():
 def test_every_runnable_looking_fence_is_executed_or_explains_why(page: Path) -> None:
     problems = []
     for block in support.blocks_in(page):
-        if block.lang in support.RUNNABLE_LOOKING and block.info not in support.EXECUTED_LANGS:
+        if block.lang in support.RUNNABLE_LOOKING and not block.executed:
             problems.append(f"{block.id}: fence '```{block.info}' is never collected; write exactly "
-                            "```python, ```sh or ```bash (or ```console for commands that must not run)")
-        if block.info in support.EXECUTED_LANGS:
+                            "```python (optionally ```python title=\"reference_impl/<module>.py\" for an "
+                            "excerpt), ```sh or ```bash (or ```console for commands that must not run)")
+        if block.title is not None:
+            paths = {path for path, _ in block.includes}
+            if not block.is_slice or paths != {block.title}:
+                problems.append(f"{block.id}: a title labels an excerpt of one package module, so the fence "
+                                f"must be only includes of sections of {block.title!r} (it includes "
+                                f"{sorted(paths) or 'nothing'})")
+        if block.executed:
             for mark in block.marks:
                 if mark.startswith(("pytest.mark.skip", "pytest.mark.xfail")):
                     m = SKIP_WITH_REASON.search(mark) or re.search(r"reason\s*=\s*(['\"])(?P<reason>.+?)\1", mark)
