@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import pytest
 
-from launch import python_module, run_command
+from launch import REPO, python_module
 from reference_impl.config import RESUMABLE_PARTS, ConfigError, TrainConfig, build_parser, field_docs
 
 
@@ -79,18 +81,21 @@ def test_digest_changes_with_any_field_and_ignores_nothing() -> None:
 
 def test_digest_is_identical_across_processes_with_different_hash_seeds() -> None:
     """Python's hash() is salted per process; a compatibility check built on it fails.
-    Two processes with different salts give the same digest for every variant config."""
-    code = ("import json, sys; sys.path.insert(0, 'tests'); import test_config;"
-            "print(json.dumps({n: c.digest() for n, c in test_config.digest_variants().items()}),"
-            " hash('salted'))")
-    runs = [run_command([sys.executable, "-c", code], 60, env={"PYTHONHASHSEED": seed})
-            for seed in ("1", "2")]
+    Two processes with different salts rebuild every variant config from its fields (JSON,
+    importing nothing but the config module) and give the digests this process gives."""
+    variants = digest_variants()
+    fields = json.dumps({name: dataclasses.asdict(cfg) for name, cfg in variants.items()})
+    code = ("import json, sys; from reference_impl.config import TrainConfig;"
+            "variants = json.loads(sys.stdin.read());"
+            "print(json.dumps({n: TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in f.items()})"
+            ".digest() for n, f in variants.items()}), hash('salted'))")
+    runs = [subprocess.run([sys.executable, "-c", code], input=fields, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO) for seed in ("1", "2")]
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
     (d1, h1), (d2, h2) = (r.stdout.rsplit(maxsplit=1) for r in runs)
     assert h1 != h2, "the two processes really had different hash salts"
-    here = {name: cfg.digest() for name, cfg in digest_variants().items()}
-    assert json.loads(d1) == json.loads(d2) == here
+    assert json.loads(d1) == json.loads(d2) == {name: cfg.digest() for name, cfg in variants.items()}
 
 
 BAD_FLAGS = [
