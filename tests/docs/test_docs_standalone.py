@@ -3,7 +3,10 @@
 A reader copies a block into a blank notebook that has torch and numpy and nothing else. So
 each `div.language-python` of the BUILT pages (after snippet expansion; the API pages'
 mkdocstrings signatures and sources are not counted) runs in a fresh interpreter of this
-venv, from a temporary directory, with `import reference_impl` made to fail. A block passes:
+venv, from a temporary directory, with `import reference_impl` made to fail. For speed the
+interpreter is a fork of a server that has imported torch and numpy and nothing else (a
+block must still import every name it uses); HANDBOOK_BLOCKS_FRESH=1 starts a brand-new
+interpreter per block instead, for the same verdicts. A block passes:
 
 * standalone: it runs, and pyflakes finds no name it uses without defining or importing
   (annotations aside: the package's modules defer them with `from __future__ import
