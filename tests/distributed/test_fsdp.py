@@ -125,10 +125,6 @@ def test_activation_checkpointing_recomputes_every_block_during_backward() -> No
         assert e["recomputed"] == (recomputed if e["activation_checkpointing"] else []), e
 
 
-if __name__ == "__main__":
-    block_calls_under_torchrun()
-
-
 def test_sigkill_and_resume_under_fsdp_is_bit_exact(reference: tuple[Run, Path], tmp_path: Path) -> None:
     run = fsdp_run(tmp_path, "--fail-at-step", "15", "--fail-rank", "1", restarts=1)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
@@ -202,3 +198,7 @@ def test_export_writes_a_consolidated_weights_only_file(reference: tuple[Run, Pa
     model = build_model(TrainConfig(**fields))
     model.load_state_dict(payload["model"])  # strict: every key, full shapes
     assert all(not hasattr(t, "placements") for t in payload["model"].values()), "plain tensors, no DTensor"
+
+
+if __name__ == "__main__":
+    block_calls_under_torchrun()
