@@ -45,7 +45,7 @@ from reference_impl.faults import FaultInjector, enospc
 from reference_impl.housekeeping import prune, remove, steps_replayed
 from reference_impl.metrics import EventLog
 from reference_impl.parallel import unwrap
-from reference_impl.state import rng_state, set_rng_state
+from reference_impl.state import RESUME_NAMES, TrainState, rng_state, set_rng_state
 
 SCHEDULE_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "max_steps")  # what lr_multiplier reads
 
@@ -109,7 +109,7 @@ def _barrier(ctx: DistContext) -> None:
 
 
 # --8<-- [start:checkpoint_save]
-def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLog,
+def save_checkpoint(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLog,
                     faults: FaultInjector | None = None, saver: AsyncSaver | None = None) -> Path:
     """Write the checkpoint of `state.step` and publish it atomically.
 
@@ -134,9 +134,8 @@ def save_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLo
         if ctx.is_main:
             files[TRAIN_FILE] = _write(tmp / TRAIN_FILE, {
                 "step": state.step,
-                "scheduler": state.scheduler.state_dict(),
-                "scaler": state.scaler.state_dict() if state.scaler else None,
-                "sampler": state.sampler.state_dict(),
+                **{key: part.state_dict() if part is not None else None
+                   for key, part in state.replicated_parts().items()},
                 **({} if sharded else {"model": unwrap(state.model).state_dict(),
                                        "optimizer": state.optimizer.state_dict()}),
             }, limit)
@@ -293,7 +292,7 @@ class AsyncSaver:
             raise CheckpointError(f"publishing an async checkpoint failed: {error}") from error
 
 
-def _sharded_state(state: Any) -> dict[str, Any]:
+def _sharded_state(state: TrainState) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
     return {"model": model_sd, "optim": optim_sd}
 
@@ -316,7 +315,7 @@ def load_file(path: Path) -> Any:
                               f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from None
 
 
-def rebase_schedule(state: Any, cfg: TrainConfig, saved_fields: dict[str, Any], log: EventLog) -> None:
+def rebase_schedule(state: TrainState, cfg: TrainConfig, saved_fields: dict[str, Any], log: EventLog) -> None:
     """Continue on the schedule `cfg` defines when an allowed change altered it.
 
     The restored scheduler and optimizer carry the old schedule's base rate and next
@@ -362,7 +361,7 @@ def choose(root: Path, log: EventLog) -> tuple[Path, dict[str, Any], Any] | None
 
 
 # --8<-- [start:checkpoint_restore]
-def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: EventLog) -> int | None:
+def restore_checkpoint(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLog) -> int | None:
     """Load the newest valid checkpoint into `state`; return its step, or None if none.
 
     Rank 0 picks the checkpoint (falling back past torn or corrupt ones) and broadcasts
@@ -389,12 +388,9 @@ def restore_checkpoint(state: Any, cfg: TrainConfig, ctx: DistContext, log: Even
     else:
         unwrap(state.model).load_state_dict(saved["model"])
         state.optimizer.load_state_dict(saved["optimizer"])
-    if "scheduler" not in skip:
-        state.scheduler.load_state_dict(saved["scheduler"])
-    if state.scaler and saved["scaler"] and "scaler" not in skip:
-        state.scaler.load_state_dict(saved["scaler"])
-    if "data" not in skip:
-        state.sampler.load_state_dict(saved["sampler"])
+    for key, part in state.replicated_parts().items():
+        if part is not None and saved[key] is not None and RESUME_NAMES.get(key, key) not in skip:
+            part.load_state_dict(saved[key])
     state.step = saved["step"]
     rebase_schedule(state, cfg, manifest["resume_fields"], log)
     if "rng" not in skip:

@@ -1,16 +1,48 @@
-"""The run's full state as plain, canonically ordered dictionaries, and its digest."""
+"""The training state: what the loop mutates, what a checkpoint saves, and its digest."""
 
 # --8<-- [start:imports]
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
 # --8<-- [end:imports]
+
+from reference_impl.data import ResumableDistributedSampler, Sample
+
+# A part's key in train.pt, to its name in `--resume-skip` where the two differ.
+RESUME_NAMES = {"sampler": "data"}
+
+
+@dataclass
+class TrainState:
+    """Everything the loop mutates; a checkpoint must capture all of it to resume exactly."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: LambdaLR
+    scaler: torch.amp.GradScaler | None
+    sampler: ResumableDistributedSampler
+    loader: DataLoader[Sample]
+    step: int = 0
+    preempted: bool = False
+
+    def replicated_parts(self) -> dict[str, Any]:
+        """The stateful parts every rank holds alike, by their key in train.pt.
+
+        Save writes each one's `state_dict()` and restore loads each one back from this one
+        mapping, so a new part is one line here. Model and optimizer are not in it: their
+        layout depends on the strategy (one copy under DDP, shards under FSDP). A part that
+        does not exist in this run (no GradScaler outside fp16) is None.
+        """
+        return {"scheduler": self.scheduler, "scaler": self.scaler, "sampler": self.sampler}
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -14,13 +14,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset
 
 from reference_impl.checkpoint import AsyncSaver, restore_checkpoint, save_checkpoint
@@ -34,22 +31,8 @@ from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock, Preemption, 
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import wrap_model
-from reference_impl.state import state_digest
+from reference_impl.state import TrainState, state_digest
 from reference_impl.step import build_optimizer, build_scaler, build_scheduler, train_step
-
-
-@dataclass
-class TrainState:
-    """Everything the loop mutates; a checkpoint must capture all of it to resume exactly."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: LambdaLR
-    scaler: torch.amp.GradScaler | None
-    sampler: ResumableDistributedSampler
-    loader: DataLoader[Sample]
-    step: int = 0
-    preempted: bool = False
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:

@@ -11,12 +11,13 @@ from functools import partial
 from typing import Any
 
 
-from reference_impl.bench.common import add_rounds_argument, benchmark, interleave, median, remove_shared, report, settle, shared_tempdir, slowest, trained_state
+from reference_impl.bench.common import (add_rounds_argument, benchmark, interleave, median, remove_shared, report,
+                                         settle, shared_tempdir, slowest, trained_state)
 from reference_impl.checkpoint import AsyncSaver, save_checkpoint
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext, distributed
 from reference_impl.metrics import EventLog
-from reference_impl.train import TrainState
+from reference_impl.state import TrainState
 
 
 def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, rounds: int) -> dict[str, list[float]]:

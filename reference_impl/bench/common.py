@@ -22,7 +22,8 @@ from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.launch import LaunchTimeout, Run, run
 from reference_impl.metrics import EventLog
-from reference_impl.train import TrainState, build_state, train
+from reference_impl.state import TrainState
+from reference_impl.train import build_state, train
 
 
 BenchFn = Callable[[argparse.Namespace, TrainConfig], dict[str, Any]]

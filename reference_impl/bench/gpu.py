@@ -18,7 +18,8 @@ from reference_impl.distributed import DistContext, distributed
 from reference_impl.launch import parse_events
 from reference_impl.metrics import PHASES, EventLog
 from reference_impl.model import flops_per_sample
-from reference_impl.train import TrainState, train
+from reference_impl.state import TrainState
+from reference_impl.train import train
 
 
 # Dense bf16 peak FLOP/s per GPU, matched by substring of the device name, first match

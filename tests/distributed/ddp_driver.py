@@ -16,7 +16,8 @@ from reference_impl.config import TrainConfig
 from reference_impl.distributed import distributed
 from reference_impl.metrics import EventLog
 from reference_impl.parallel import unwrap
-from reference_impl.train import TrainState, build_state, train
+from reference_impl.state import TrainState
+from reference_impl.train import build_state, train
 
 
 def main() -> None:
