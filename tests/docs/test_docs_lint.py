@@ -189,3 +189,23 @@ def test_pages_workflow_builds_strictly_with_least_privilege() -> None:
     assert "-c constraints.txt" in build_steps
     triggers = workflow.get("on") or workflow.get(True)  # YAML 1.1 reads a bare `on` as True
     assert triggers["push"]["branches"] == ["main"]
+
+
+def test_imports_sections_hold_only_third_party_imports() -> None:
+    """A page shows `m.py:imports` before a section of m.py so that the block runs where it is
+    pasted: the section must hold import statements only, and none of reference_impl."""
+    problems = []
+    for path in sorted((support.ROOT / "reference_impl").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "[start:imports]" not in text:
+            continue
+        section = support.expand_snippets(f'--8<-- "{support.rel(path)}:imports"')
+        for node in ast.parse(section).body:
+            where = f"{support.rel(path)}, section 'imports', line {node.lineno}"
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                problems.append(f"{where}: not an import; end the section before it")
+            elif any((getattr(node, "module", None) or a.name).startswith("reference_impl")
+                     for a in node.names):
+                problems.append(f"{where}: imports reference_impl; keep package imports after "
+                                "`# --8<-- [end:imports]`")
+    assert not problems, "\n".join(problems)
