@@ -75,6 +75,15 @@ def test_autocast_keeps_fp32_gradients_so_ddp_all_reduces_fp32() -> None:
     assert seen and set(seen) == {torch.float32}
 
 
+def test_fp16_overflows_where_bf16_does_not() -> None:
+    assert torch.finfo(torch.float16).max == 65504.0
+    assert torch.finfo(torch.bfloat16).eps == 2.0**-7
+    logits = torch.full((1024,), 100.0)  # one attention row's worth of large scores
+    assert torch.isinf(logits.half().sum())  # 102,400 > 65,504
+    assert torch.isfinite(logits.bfloat16().sum())
+    assert torch.isinf(torch.tensor(12.0).half().exp())  # e^12 = 162,755 overflows fp16
+
+
 def test_distributed_sampler_pads_the_index_list_to_a_multiple_of_the_world_size() -> None:
     dataset = list(range(10))
     shards = [list(DistributedSampler(dataset, num_replicas=4, rank=r, shuffle=False)) for r in range(4)]

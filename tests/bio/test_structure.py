@@ -119,15 +119,6 @@ def test_curriculum_length_ramps_and_holds():
         curriculum_length(0, start=512, end=128, ramp_steps=10)
 
 
-def test_fp16_overflows_where_bf16_does_not():
-    assert torch.finfo(torch.float16).max == 65504.0
-    assert torch.finfo(torch.bfloat16).eps == 2.0**-7
-    logits = torch.full((1024,), 100.0)  # one attention row's worth of large scores
-    assert torch.isinf(logits.half().sum())  # 102,400 > 65,504
-    assert torch.isfinite(logits.bfloat16().sum())
-    assert torch.isinf(torch.tensor(12.0).half().exp())  # e^12 = 162,755 overflows fp16
-
-
 class Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
