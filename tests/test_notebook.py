@@ -96,9 +96,22 @@ def test_a_sigkilled_rank_resumes_to_the_uninterrupted_digest(
     assert run.digest() == two_rank_reference["short"].digest()
 
 
-def test_a_corrupt_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
-    flags = notebook_flags(tmp_path / "ckpt", 32, steps=20)
-    first = notebook(flags, tmp_path)
+@pytest.fixture(scope="module")
+def twenty_steps(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A finished 20-step run (checkpoints at 10 and 20) and its final digest."""
+    root = tmp_path_factory.mktemp("twenty")
+    run = notebook(notebook_flags(root / "ckpt", 32, steps=20), root)
+    return root / "ckpt", run.digest()
+
+
+def copy_of(run: tuple[Path, str], tmp_path: Path) -> tuple[list[str], str]:
+    """The flags that resume a private copy of that run's checkpoints, and its digest."""
+    shutil.copytree(run[0], tmp_path / "ckpt")
+    return notebook_flags(tmp_path / "ckpt", 32, steps=20), run[1]
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped(twenty_steps: tuple[Path, str], tmp_path: Path) -> None:
+    flags, digest = copy_of(twenty_steps, tmp_path)
     newest = tmp_path / "ckpt" / "step-00000020" / "train.pt"
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0x01  # one flipped bit
@@ -107,13 +120,13 @@ def test_a_corrupt_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
     skipped = again.of("checkpoint_skipped")
     assert len(skipped) == 1 and "step-00000020" in skipped[0]["path"] and "sha256" in skipped[0]["reason"]
     assert [e["step"] for e in again.of("checkpoint_restored")] == [10]
-    assert again.digest() == first.digest(), "steps 11-20 were retrained to the same state"
+    assert again.digest() == digest, "steps 11-20 were retrained to the same state"
 
 
 @pytest.mark.parametrize("damage", ["not json", "[]", '{"step": 20}', "symlink", "escape"])
-def test_an_untrusted_checkpoint_directory_falls_back_without_a_traceback(damage: str, tmp_path: Path) -> None:
-    flags = notebook_flags(tmp_path / "ckpt", 32, steps=20)
-    first = notebook(flags, tmp_path)
+def test_an_untrusted_checkpoint_directory_falls_back_without_a_traceback(
+        damage: str, twenty_steps: tuple[Path, str], tmp_path: Path) -> None:
+    flags, digest = copy_of(twenty_steps, tmp_path)
     newest = tmp_path / "ckpt" / "step-00000020"
     manifest = newest / "manifest.json"
     if damage == "symlink":
@@ -129,16 +142,17 @@ def test_an_untrusted_checkpoint_directory_falls_back_without_a_traceback(damage
     assert again.returncode == 0, again.stderr[-3000:]
     assert "Traceback" not in again.stderr
     assert [e["step"] for e in again.of("checkpoint_restored")] == [10]
-    assert again.digest() == first.digest()
+    assert again.digest() == digest
     assert (tmp_path / "ckpt" / "step-00000010").is_dir(), "the valid checkpoint survives"
 
 
-def test_a_checkpoint_of_another_config_is_refused(tmp_path: Path) -> None:
-    notebook(notebook_flags(tmp_path / "ckpt", 32, steps=10), tmp_path)
-    other = notebook([*notebook_flags(tmp_path / "ckpt", 32, steps=10), "--lr", "0.01"], tmp_path)
+def test_a_checkpoint_of_another_config_is_refused(twenty_steps: tuple[Path, str], tmp_path: Path) -> None:
+    flags, _ = copy_of(twenty_steps, tmp_path)
+    other = notebook([*flags, "--lr", "0.01"], tmp_path)
     assert other.returncode != 0 and "another config" in other.stderr
     assert "Traceback" not in other.stderr
-    assert (tmp_path / "ckpt" / "step-00000010").is_dir(), "nothing was deleted"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-00000010", "step-00000020"], \
+        "nothing was deleted"
 
 
 @pytest.mark.parametrize("flag", [["--max-steps", "0"], ["--precision", "fp8"], ["--global-batch-size", "40"]])
