@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -39,13 +40,17 @@ def test_py_spy_dump_shows_the_rank_waiting_in_its_all_reduce() -> None:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:
-        pid = None
+        pid, seen = None, ""
         deadline = time.monotonic() + 60
         while pid is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
-            if line.startswith("rank 0 pid "):
-                pid = int(line.split()[3])
-        assert pid, "rank 0 never started"
+            if not line:
+                break  # the job ended
+            seen += line
+            # The ranks share one pipe, so their lines can arrive glued together.
+            if match := re.search(r"rank 0 pid (\d+) running", line):
+                pid = int(match[1])
+        assert pid, f"rank 0 never reported its pid; the job printed: {seen[-2000:]!r}"
         time.sleep(2)  # let it reach the collective
         dump = subprocess.run([str(py_spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=30)
