@@ -14,12 +14,13 @@ import importlib.abc
 import runpy
 import sys
 
+HIDDEN = "hidden: a blank notebook has no reference_impl"  # in every refusal's message
+
 
 class _BlockPackage(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201 - finder protocol
         if name == "reference_impl" or name.startswith("reference_impl."):
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked: a blank notebook has no package)",
-                                      name=name)
+            raise ModuleNotFoundError(f"No module named {name!r} ({HIDDEN})", name=name)
         return None
 
 

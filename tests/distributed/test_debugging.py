@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from launch import REPO, kill_tree, torchrun
+from reference_impl.launch import torchrun_command
 
 pytestmark = pytest.mark.distributed
 
@@ -35,8 +36,7 @@ def test_without_detail_the_same_bug_gives_no_such_diagnosis() -> None:
 @pytest.mark.timeout(120)
 def test_py_spy_dump_shows_the_rank_waiting_in_its_all_reduce() -> None:
     py_spy = Path(sys.executable).with_name("py-spy")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", DEMO, "stuck", "--timeout-s", "60"]
+    cmd = torchrun_command(2, DEMO, ["stuck", "--timeout-s", "60"])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     try:

@@ -7,13 +7,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from launch import REPO, descendants, kill_tree, python_module, torchrun
+from reference_impl.launch import torchrun_command
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -30,12 +30,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def start_endless_run(ckpt: Path) -> subprocess.Popen:
+    """A 2-rank torchrun job that trains until stopped; its events come on the agent's stdout."""
+    cmd = torchrun_command(2, "reference_impl.train", [*BASE, "--max-steps", "1000000", "--checkpoint-every", "0",
+                                                       "--checkpoint-dir", str(ckpt)])
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+
+
 def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "reference_impl.train", *BASE, "--max-steps", "1000000", "--checkpoint-every", "0",
-           "--checkpoint-dir", str(tmp_path)]
-    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    agent = start_endless_run(tmp_path)
     try:
         for line in agent.stdout:  # type: ignore[union-attr]
             if '"event": "step"' in line:
@@ -68,11 +72,7 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_e
 
 
 def test_sigterm_to_the_agent_is_forwarded_and_ends_with_a_checkpoint(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "reference_impl.train", *BASE, "--max-steps", "1000000", "--checkpoint-every", "0",
-           "--checkpoint-dir", str(tmp_path)]
-    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    agent = start_endless_run(tmp_path)
     try:
         lines = []
         for line in agent.stdout:  # type: ignore[union-attr]
