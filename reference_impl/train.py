@@ -24,7 +24,7 @@ from reference_impl.checkpoint import AsyncSaver, restore_checkpoint, save_check
 from reference_impl.checkpoint_validate import IncompatibleCheckpoint, check_compatible, newest_manifest
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
-from reference_impl.distributed import DistContext, distributed, pick_device
+from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.housekeeping import record_progress, remove_debris
 from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock, Preemption, die_with_parent
@@ -282,4 +282,4 @@ def run(cfg: TrainConfig) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

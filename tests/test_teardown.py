@@ -1,0 +1,62 @@
+"""How a finished worker leaves: why the trainer skips interpreter finalization, and that
+skipping it loses no output.
+
+Both run in a subprocess: the first leaves a process group alive on purpose, which must
+not happen in the pytest worker itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from launch import REPO
+
+GROUP_OUTLIVES_DESTROY = textwrap.dedent("""
+    import gc, os, weakref
+    import torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = weakref.ref(dist.group.WORLD)
+
+    def train_briefly():
+        model = fully_shard(torch.nn.Linear(8, 8), mesh=init_device_mesh("cpu", (1,)))
+        model(torch.randn(2, 8)).sum().backward()
+
+    train_briefly()  # the model, its mesh and its gradients are garbage afterwards
+    dist.destroy_process_group()
+    gc.collect()
+    print("alive" if group() is not None else "freed", flush=True)
+    os._exit(0)
+""")
+
+
+def python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={"OMP_NUM_THREADS": "1", "PATH": ""})
+
+
+def test_an_fsdp_models_group_outlives_destroy_process_group() -> None:
+    """The premise of `exit_process`: after FSDP2 has run, DTensor's caches keep the mesh
+    and its gloo group alive past `destroy_process_group` and a full collection, so the
+    group would be freed during interpreter shutdown. If a torch upgrade frees it, this
+    fails, and the hard exit can be reconsidered."""
+    done = python(GROUP_OUTLIVES_DESTROY)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "alive"
+
+
+def test_exit_process_flushes_both_streams_and_keeps_the_status() -> None:
+    """`os._exit` alone would drop what is still buffered: stdout to a pipe is block-buffered,
+    so the last event line (`run_complete`) would be lost."""
+    done = python("import sys\n"
+                  "from reference_impl.distributed import exit_process\n"
+                  "print('{\"event\": \"run_complete\"}')\n"
+                  "sys.stderr.write('last words')\n"
+                  "exit_process(3)\n")
+    assert done.returncode == 3
+    assert done.stdout == '{"event": "run_complete"}\n'
+    assert done.stderr == "last words"
