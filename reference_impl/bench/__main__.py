@@ -1,7 +1,6 @@
 """`python -m reference_impl.bench NAME ...`: see the package docstring."""
 
-import sys
-
 from reference_impl.bench import main
+from reference_impl.distributed import exit_process
 
-sys.exit(main())
+exit_process(main())

@@ -201,4 +201,7 @@ def test_export_writes_a_consolidated_weights_only_file(reference: tuple[Run, Pa
 
 
 if __name__ == "__main__":
+    from reference_impl.distributed import exit_process
+
     block_calls_under_torchrun()
+    exit_process(0)  # see exit_process: an FSDP run's group must not be freed at shutdown
