@@ -7,8 +7,8 @@ counts only when
 * it is a real directory (not a symbolic link) named `step-NNNNNNNN`;
 * its `manifest.json` is a JSON object of the expected shape, whose `step` is the
   number in the directory's name;
-* every file the restore needs (`train.pt`, one `rank-NNNNN.pt` per saved rank, DCP's
-  `.metadata`) is listed, and every listed name stays inside the directory;
+* every file the restore needs (`train.pt`, one `rank-NNNNN.pt` per saved rank, and
+  what its layout requires, such as DCP's `.metadata`) is listed, and every listed name stays inside the directory;
 * every listed file is a regular file (no link anywhere on its path) whose size and
   checksums (XXH3-128, or sha256 in older manifests) match the manifest;
 * the loaded `train.pt` holds the parts a restore reads, for the manifest's step.
@@ -26,18 +26,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from reference_impl import integrity
+from reference_impl.checkpoint_layout import LAYOUTS
 from reference_impl.config import STRUCTURAL_FIELDS, TrainConfig
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 TRAIN_FILE = "train.pt"
-DCP_DIR = "dcp"
-DCP_METADATA = f"{DCP_DIR}/.metadata"
-LAYOUTS = ("torch_save", "dcp")
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-# train.pt keys a restore reads, by layout: a file without them is not a checkpoint.
-_TRAIN_KEYS = {"torch_save": {"step", "scheduler", "scaler", "sampler", "model", "optimizer"},
-               "dcp": {"step", "scheduler", "scaler", "sampler"}}
+# train.pt keys every restore reads; each layout adds its own (`CheckpointLayout.train_keys`).
+_TRAIN_KEYS = frozenset({"step", "scheduler", "scaler", "sampler"})
 
 
 class CheckpointError(RuntimeError):
@@ -90,7 +87,7 @@ def _check_entry(name: str, entry: Any) -> None:
 def required_files(manifest: dict[str, Any]) -> set[str]:
     """The files a restore of this manifest reads, whatever the manifest lists."""
     needed = {TRAIN_FILE, *(rank_file(r) for r in range(manifest["world_size"]))}
-    return needed | ({DCP_METADATA} if manifest["layout"] == "dcp" else set())
+    return needed | LAYOUTS[manifest["layout"]].required
 
 
 def check_manifest(manifest: Any, path: Path) -> dict[str, Any]:
@@ -173,7 +170,7 @@ def check_contents(manifest: dict[str, Any], saved: Any, rank_states: list[Any])
     Raises:
         CheckpointError: A part is missing or belongs to another step.
     """
-    keys = _TRAIN_KEYS[manifest["layout"]]
+    keys = _TRAIN_KEYS | LAYOUTS[manifest["layout"]].train_keys
     _need(isinstance(saved, dict) and keys <= set(saved), f"{TRAIN_FILE} lacks {sorted(keys)}")
     _need(saved["step"] == manifest["step"],
           f"{TRAIN_FILE} holds step {saved['step']!r}, the manifest says {manifest['step']}")
@@ -221,8 +218,8 @@ def check_compatible(manifest: dict[str, Any], cfg: TrainConfig) -> None:
 
 
 def _batch_hint(batch: Any, cfg: TrainConfig) -> str:
-    """How to keep the checkpoint's global batch at this world size, if any way exists."""
-    world = cfg.world_size
+    """How to keep the checkpoint's global batch at this data-parallel size, if any way exists."""
+    world = cfg.data_parallel_size  # tensor-parallel ranks share their samples
     if not isinstance(batch, int) or batch % world:
         return f"the global batch cannot change on resume, and {batch!r} does not split over {world} ranks"
     per_rank = batch // world

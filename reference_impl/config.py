@@ -39,7 +39,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "pg_timeout_s", "log_every", "activation_checkpointing", "fsdp_grad_sync",
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
-                      "fail_mode", "resume_skip", "world_size", "preempt_grace_s")
+                      "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree")
 # --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
@@ -62,7 +62,10 @@ class TrainConfig:
     """Everything that defines a training run. Invalid values raise `ConfigError`."""
 
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    """How the model is wrapped when a process group exists: DDP replicates, FSDP2 shards."""
+    """How the data-parallel ranks wrap the model: DDP replicates it, FSDP2 shards it."""
+    tp_degree: int = 1
+    """Tensor-parallel ranks per model replica (transformer only): each splits every matmul
+    and reads the same samples; the world size must be a multiple of it."""
     model: Literal["mlp", "transformer"] = "mlp"
     """Which synthetic task and model to train."""
     max_steps: int = 200
@@ -154,8 +157,13 @@ class TrainConfig:
 
     @property
     def global_batch_size(self) -> int:
-        """Samples per optimizer step across all ranks: M x G x world size."""
-        return self.micro_batch_size * self.grad_accum_steps * self.world_size
+        """Samples per optimizer step across all ranks: M x G x data-parallel size."""
+        return self.micro_batch_size * self.grad_accum_steps * self.data_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that read different samples: the world size over the tensor-parallel degree."""
+        return self.world_size // self.tp_degree
 
     def is_checkpoint_step(self, step: int) -> bool:
         """True when the loop saves a checkpoint after `step` (always after the last step)."""
@@ -181,7 +189,7 @@ class TrainConfig:
                 _fail(f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size",
                      "input_dim", "hidden_dim", "num_classes", "vocab_size", "seq_len",
-                     "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size"):
+                     "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size", "tp_degree"):
             if getattr(self, name) < 1:
                 _fail(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank"):
@@ -213,9 +221,10 @@ class TrainConfig:
             _fail(f"warmup_steps ({self.warmup_steps}) must not exceed max_steps ({self.max_steps})")
         if self.d_model % self.n_heads:
             _fail(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
+        self._check_tensor_parallel()
         if self.dataset_size < self.global_batch_size:
             _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
-                  f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x world_size)")
+                  f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x data-parallel size)")
         if self.activation_checkpointing and self.model != "transformer":
             _fail("activation_checkpointing needs --model transformer (it recomputes blocks)")
         if self.fsdp_grad_sync == "every" and self.strategy != "fsdp":
@@ -241,6 +250,23 @@ class TrainConfig:
                 _fail(f"allow_config_change names an unknown field {name!r}")
         if self.fail_rank >= self.world_size:
             _fail(f"fail_rank ({self.fail_rank}) must be < world_size ({self.world_size})")
+
+    def _check_tensor_parallel(self) -> None:
+        """The mesh dp x tp must cover the world, and every split dimension must divide."""
+        if self.tp_degree == 1:
+            return
+        if self.world_size % self.tp_degree:
+            _fail(f"tp_degree ({self.tp_degree}) must divide the world size ({self.world_size}): "
+                  "the ranks form a data-parallel x tensor-parallel mesh")
+        if self.model != "transformer":
+            _fail("tp_degree above 1 needs --model transformer (the model with a tensor-parallel plan)")
+        for name in ("n_heads", "hidden_dim", "vocab_size", "seq_len"):
+            if getattr(self, name) % self.tp_degree:
+                _fail(f"tp_degree ({self.tp_degree}) must divide {name} ({getattr(self, name)}): "
+                      "tensor parallel splits it evenly")
+        if self.strategy == "ddp" and self.data_parallel_size > 1:
+            _fail("tensor parallel with more than one data-parallel rank needs --strategy fsdp "
+                  "(DDP does not wrap DTensor parameters)")
 
     @classmethod
     def from_cli(cls, argv: list[str] | None = None, environ: dict[str, str] | None = None) -> TrainConfig:

@@ -12,31 +12,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from reference_impl.checkpoint import choose, load_file
-from reference_impl.checkpoint_validate import DCP_DIR, CheckpointError
+from reference_impl.checkpoint import choose
+from reference_impl.checkpoint_layout import LAYOUTS
+from reference_impl.checkpoint_validate import CheckpointError
 from reference_impl.metrics import EventLog
-
-
-def consolidated_model(path: Path, manifest: dict[str, Any], saved: dict[str, Any],
-                       scratch_dir: Path) -> dict[str, torch.Tensor]:
-    """The full model state dict of one verified checkpoint, whatever its layout.
-
-    DCP's shards are merged in a scratch directory under `scratch_dir`, never inside the
-    checkpoint directory (which belongs to the run that writes it).
-    """
-    if manifest["layout"] == "torch_save":
-        return saved["model"]
-    with tempfile.TemporaryDirectory(dir=scratch_dir, prefix=".export-") as scratch:
-        merged = Path(scratch) / "merged.pt"
-        dcp_to_torch_save(path / DCP_DIR, merged)  # gathers every shard into full tensors
-        return load_file(merged)["model_optim"]["model"]
 
 
 def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path:
@@ -52,7 +35,10 @@ def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path
     if chosen is None:
         raise CheckpointError(f"no valid checkpoint under {checkpoint_dir}")
     path, manifest, saved = chosen
-    payload = {"model": consolidated_model(path, manifest, saved, out.parent), "step": manifest["step"],
+    # The layout that wrote the checkpoint merges its model; any scratch files go beside
+    # `out`, never inside the checkpoint directory (which belongs to the run that writes it).
+    model = LAYOUTS[manifest["layout"]].full_model(path, saved, out.parent)
+    payload = {"model": model, "step": manifest["step"],
                "resume_fields": manifest["resume_fields"]}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # unique per writer
     torch.save(payload, tmp)

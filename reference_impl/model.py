@@ -7,6 +7,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
+                                               RowwiseParallel, SequenceParallel)
 from torch.utils.checkpoint import checkpoint
 # --8<-- [end:imports]
 
@@ -36,7 +39,7 @@ class Block(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, hidden_dim: int, dropout: float) -> None:
         super().__init__()
-        self.n_heads, self.dropout = n_heads, dropout
+        self.head_dim, self.dropout = d_model // n_heads, dropout
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -44,12 +47,15 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        qkv = self.qkv(self.norm1(x))
+        # Rows of qkv are grouped by head (q, k, v of head 0, then of head 1, ...), so a
+        # column-parallel split hands each rank whole heads; -1 is the heads this rank holds.
+        b, t, _ = qkv.shape
+        q, k, v = qkv.view(b, t, -1, 3, self.head_dim).unbind(3)
         attn = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             dropout_p=self.dropout if self.training else 0.0)
-        x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(b, t, d)))
+        x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(b, t, -1)))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -81,6 +87,32 @@ class TinyTransformer(nn.Module):
         # as one block's activations here) is a tensor of its own; the values are unchanged.
         return self.head(self.norm(x)).clone()
 # --8<-- [end:transformer]
+
+    # --8<-- [start:tp_plan]
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        """How tensor parallel splits each submodule (`reference_impl.tensor_parallel`).
+
+        Between blocks the residual stream is split along the sequence (Shard(1)): the
+        norms and dropout run on each rank's slice of tokens (sequence parallel). Entering
+        attention or the MLP, the first matmul all-gathers the tokens and splits its output
+        columns (heads, hidden units); the second splits its input rows and reduce-scatters
+        the partial sums back to sequence slices. The logits are all-gathered whole.
+        """
+        seq = Shard(1)
+        plan: dict[str, ParallelStyle] = {
+            "blocks.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
+                                           use_local_output=True),
+            "norm": SequenceParallel(),
+            "head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+        }
+        for i in range(len(self.blocks)):
+            plan |= {f"blocks.{i}.norm1": SequenceParallel(), f"blocks.{i}.norm2": SequenceParallel(),
+                     f"blocks.{i}.qkv": ColwiseParallel(input_layouts=seq),
+                     f"blocks.{i}.proj": RowwiseParallel(output_layouts=seq),
+                     f"blocks.{i}.mlp.0": ColwiseParallel(input_layouts=seq),
+                     f"blocks.{i}.mlp.2": RowwiseParallel(output_layouts=seq)}
+        return plan
+    # --8<-- [end:tp_plan]
 
 
 def build_model(cfg: TrainConfig) -> nn.Module:

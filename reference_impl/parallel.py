@@ -1,36 +1,41 @@
-"""Wrap a model for data parallelism: DDP replicates it, FSDP2 shards it."""
+"""Wrap a model for the configured parallelisms, chosen from one registry.
+
+Each parallelism is a function that takes the model and the mesh of its axis and returns
+the wrapped model. `PARALLELISMS` names them in the order they apply, innermost first:
+tensor parallel splits the matmuls, then a data-parallel wrapper (DDP or FSDP2) spans the
+replicas. Adding a parallelism is a module with its wrap function and one entry here.
+"""
 
 # --8<-- [start:imports]
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 # --8<-- [end:imports]
 
+from reference_impl import tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
+from reference_impl.mesh import ParallelDims
 
 
-# --8<-- [start:wrap_model]
-def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext) -> nn.Module:
-    """Move the model to its device and wrap it for the configured strategy."""
-    model = model.to(ctx.device)
-    if cfg.activation_checkpointing:
-        model.checkpoint_blocks = True
-    if not ctx.distributed:
-        return model
-    if cfg.strategy == "ddp":
-        # DDP broadcasts rank 0's weights at construction, then all-reduces gradients
-        # in buckets that overlap with the rest of the backward pass.
-        return DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-    # An explicit mesh on the training device: gloo on CPU, NCCL on CUDA.
-    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+# --8<-- [start:data_parallel]
+def ddp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
+    """Replicate the model: DDP broadcasts rank 0's weights at construction, then
+    all-reduces gradients in buckets that overlap with the rest of the backward pass."""
+    on_cuda = mesh.device_type == "cuda"
+    return DDP(model, process_group=mesh.get_group(), device_ids=[torch.cuda.current_device()] if on_cuda else None)
+
+
+def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
+    """Shard every parameter over `mesh` with FSDP2 (`fully_shard`)."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.precision == "bf16" else MixedPrecisionPolicy()
     # Shard each block first so its parameters are gathered just before use and freed
@@ -38,6 +43,56 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext) -> nn.Modul
     for block in getattr(model, "blocks", []):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+# --8<-- [end:data_parallel]
+
+
+# --8<-- [start:registry]
+@dataclass(frozen=True)
+class Parallelism:
+    """One way of splitting the work, and what it implies for the rest of the run.
+
+    Attributes:
+        axis: The mesh axis it spans (see `reference_impl.mesh.AXES`).
+        wrap: Returns the model wrapped over the mesh of that axis.
+        sharded: Its parameters become DTensor shards, so checkpoints go through DCP.
+    """
+
+    axis: str
+    wrap: Callable[[nn.Module, DeviceMesh, TrainConfig], nn.Module]
+    sharded: bool
+
+
+PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
+    "tp": Parallelism("tp", tensor_parallel.parallelize, sharded=True),
+    "ddp": Parallelism("dp_replicate", ddp, sharded=False),
+    "fsdp": Parallelism("dp_shard", fsdp, sharded=True),
+}
+# --8<-- [end:registry]
+
+
+def dims_of(cfg: TrainConfig, device_type: str = "cpu") -> ParallelDims:
+    """The mesh of `cfg`: `--tp-degree` on the tp axis, the rest on the strategy's axis."""
+    return ParallelDims.from_config(cfg, PARALLELISMS[cfg.strategy].axis, device_type)
+
+
+def checkpoint_layout(cfg: TrainConfig) -> str:
+    """"dcp" when a configured parallelism shards parameters, else "torch_save"."""
+    names = [cfg.strategy] + (["tp"] if cfg.tp_degree > 1 else [])
+    return "dcp" if any(PARALLELISMS[name].sharded for name in names) else "torch_save"
+
+
+# --8<-- [start:wrap_model]
+def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: ParallelDims) -> nn.Module:
+    """Move the model to its device and apply every parallelism whose axis spans ranks."""
+    model = model.to(ctx.device)
+    if cfg.activation_checkpointing:
+        model.checkpoint_blocks = True
+    if not ctx.distributed:
+        return model
+    for parallelism in PARALLELISMS.values():
+        if dims.degree(parallelism.axis) > 1:
+            model = parallelism.wrap(model, dims.device_mesh[parallelism.axis], cfg)
     return model
 # --8<-- [end:wrap_model]
 
@@ -48,6 +103,7 @@ def gradient_sync(model: nn.Module, enabled: bool) -> AbstractContextManager[Non
     Under DDP this is `no_sync()`. Under FSDP2 skipping the reduce-scatter keeps
     unsharded gradients on every rank until the last micro-batch: less communication,
     more memory (`--fsdp-grad-sync every` passes `enabled=True` on every micro-batch).
+    Tensor parallel has no gradient sync to skip: its collectives are part of the math.
     """
     if enabled:
         return _fsdp_sync(model, True) if isinstance(model, FSDPModule) else nullcontext()
@@ -65,5 +121,5 @@ def _fsdp_sync(model: FSDPModule, enabled: bool) -> Iterator[None]:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module underneath any DDP wrapper (FSDP2 wraps in place)."""
+    """The user's module underneath any DDP wrapper (FSDP2 and tensor parallel wrap in place)."""
     return model.module if isinstance(model, DDP) else model

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 # --8<-- [end:imports]
 
 from reference_impl.data import ResumableDistributedSampler, Sample
+from reference_impl.mesh import ParallelDims
 
 # A part's key in train.pt, to its name in `--resume-skip` where the two differ.
 RESUME_NAMES = {"sampler": "data"}
@@ -23,7 +24,11 @@ RESUME_NAMES = {"sampler": "data"}
 
 @dataclass
 class TrainState:
-    """Everything the loop mutates; a checkpoint must capture all of it to resume exactly."""
+    """Everything the loop mutates; a checkpoint must capture all of it to resume exactly.
+
+    `mesh` is the exception: how the ranks split the work, fixed for the run, read by the
+    sampler's construction, the model wrappers and the checkpoint.
+    """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -31,6 +36,7 @@ class TrainState:
     scaler: torch.amp.GradScaler | None
     sampler: ResumableDistributedSampler
     loader: DataLoader[Sample]
+    mesh: ParallelDims
     step: int = 0
     preempted: bool = False
 

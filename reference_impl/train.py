@@ -30,7 +30,7 @@ from reference_impl.housekeeping import record_progress, remove_debris
 from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock, Preemption, die_with_parent
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
-from reference_impl.parallel import wrap_model
+from reference_impl.parallel import dims_of, wrap_model
 from reference_impl.state import TrainState, state_digest
 from reference_impl.step import build_optimizer, build_scaler, build_scheduler, train_step
 
@@ -43,19 +43,24 @@ def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
 
 
 def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
-    """Model, optimizer, schedule, scaler and data pipeline for this rank."""
-    dataset = build_dataset(cfg)
-    sampler = ResumableDistributedSampler(len(dataset), world_size=ctx.world_size, rank=ctx.rank,
+    """Model, optimizer, schedule, scaler and data pipeline for this rank.
+
+    The sampler shards the data over the data-parallel ranks only: the ranks of one
+    tensor-parallel group read the same samples.
+    """
+    dataset, mesh = build_dataset(cfg), dims_of(cfg, ctx.device.type)
+    dp_rank = mesh.dp_rank(ctx.rank)
+    sampler = ResumableDistributedSampler(len(dataset), world_size=mesh.dp_size, rank=dp_rank,
                                           global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     # The loader's own generator seeds its workers, so creating an iterator (at an epoch
     # start, or mid-epoch after a resume) never draws from the global RNG that dropout uses.
     loader = DataLoader(dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
                         num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda",
-                        generator=torch.Generator().manual_seed(cfg.seed + ctx.rank))
-    model = wrap_model(build_model(cfg), cfg, ctx)
+                        generator=torch.Generator().manual_seed(cfg.seed + dp_rank))
+    model = wrap_model(build_model(cfg), cfg, ctx, mesh)
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),
-                      build_scaler(cfg, ctx.device), sampler, loader)
+                      build_scaler(cfg, ctx.device), sampler, loader, mesh)
 
 
 class SampleLog:
@@ -139,7 +144,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx)
     faults, saver = FaultInjector(cfg, ctx), AsyncSaver(cfg.pg_timeout_s) if cfg.async_checkpoint else None
-    log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size,
+    log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size, mesh=state.mesh.describe(),
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
     with timer.phase("restore", host=True):

@@ -1,0 +1,99 @@
+"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x tensor.
+
+One `ParallelDims` is built from the config and the world size and then read by
+everything that must agree on who holds what: the sampler (which data-parallel shard a
+rank reads), the model wrappers (which ranks a parallelism spans) and the checkpoint
+(recorded in the manifest).
+"""
+
+# --8<-- [start:imports]
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+# --8<-- [end:imports]
+
+from reference_impl.config import ConfigError, TrainConfig
+
+# --8<-- [start:axes]
+# Outermost first: ranks that differ only in the last axis (tp) are neighbours, so a
+# tensor-parallel group sits on one node, where the links are fastest.
+AXES = ("pp", "dp_replicate", "dp_shard", "tp")
+# --8<-- [end:axes]
+
+
+# --8<-- [start:parallel_dims]
+@dataclass(frozen=True)
+class ParallelDims:
+    """How many ranks each axis spans; their product is the world size.
+
+    Attributes:
+        pp: Pipeline stages (1 in the trainer; `reference_impl.pipeline` runs pipelines).
+        dp_replicate: Data-parallel replicas that hold whole copies (DDP).
+        dp_shard: Data-parallel ranks that shard parameters between them (FSDP2).
+        tp: Tensor-parallel ranks that split every matmul and read the same samples.
+        device_type: "cpu" or "cuda": the device the mesh's communicators serve.
+    """
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    device_type: str = field(default="cpu", compare=False)
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, data_axis: str, device_type: str = "cpu") -> ParallelDims:
+        """The mesh of `cfg`: tensor parallel `tp_degree`, the rest of the world on `data_axis`.
+
+        Raises:
+            ConfigError: The degrees do not multiply to the world size.
+        """
+        dims = cls(tp=cfg.tp_degree, device_type=device_type,
+                     **{data_axis: cfg.world_size // cfg.tp_degree})
+        if dims.world_size != cfg.world_size:
+            raise ConfigError(f"mesh {dims.describe()} covers {dims.world_size} ranks, "
+                              f"the world has {cfg.world_size}")
+        return dims
+
+    def degree(self, axis: str) -> int:
+        """How many ranks `axis` spans."""
+        return int(getattr(self, axis))
+
+    @property
+    def world_size(self) -> int:
+        """The product of all degrees."""
+        size = 1
+        for axis in AXES:
+            size *= self.degree(axis)
+        return size
+
+    @property
+    def dp_size(self) -> int:
+        """Ranks that read different samples: the data-parallel replicas times shards."""
+        return self.dp_replicate * self.dp_shard
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where global `rank` sits on each axis (row-major, `AXES` order)."""
+        coords = {}
+        for axis in reversed(AXES):
+            rank, coords[axis] = divmod(rank, self.degree(axis))
+        return {axis: coords[axis] for axis in AXES}
+
+    def dp_rank(self, rank: int) -> int:
+        """The data-parallel shard global `rank` reads: equal across its tensor-parallel group."""
+        coords = self.coordinates(rank)
+        return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
+
+    def describe(self) -> dict[str, int]:
+        """The degree of every axis, as recorded in events and checkpoint manifests."""
+        return {axis: self.degree(axis) for axis in AXES}
+
+    @cached_property
+    def device_mesh(self) -> DeviceMesh:
+        """The process groups of the axes that span more than one rank (collective: every
+        rank builds it, in the same order). Only wrappers of such an axis ask for it."""
+        axes = [axis for axis in AXES if self.degree(axis) > 1]
+        return init_device_mesh(self.device_type, tuple(self.degree(a) for a in axes), mesh_dim_names=tuple(axes))
+# --8<-- [end:parallel_dims]
