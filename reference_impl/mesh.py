@@ -34,6 +34,7 @@ class ParallelDims:
         dp_replicate: Data-parallel replicas that hold whole copies (DDP).
         dp_shard: Data-parallel ranks that shard parameters between them (FSDP2).
         tp: Tensor-parallel ranks that split every matmul and read the same samples.
+        data_axis: The axis the data-parallel strategy occupies (dp_replicate or dp_shard).
         device_type: "cpu" or "cuda": the device the mesh's communicators serve.
     """
 
@@ -41,6 +42,7 @@ class ParallelDims:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    data_axis: str = "dp_replicate"
     device_type: str = field(default="cpu", compare=False)
 
     @classmethod
@@ -50,7 +52,7 @@ class ParallelDims:
         Raises:
             ConfigError: The degrees do not multiply to the world size.
         """
-        dims = cls(tp=cfg.tp_degree, device_type=device_type,
+        dims = cls(tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type,
                      **{data_axis: cfg.world_size // cfg.tp_degree})
         if dims.world_size != cfg.world_size:
             raise ConfigError(f"mesh {dims.describe()} covers {dims.world_size} ranks, "
@@ -90,10 +92,16 @@ class ParallelDims:
         """The degree of every axis, as recorded in events and checkpoint manifests."""
         return {axis: self.degree(axis) for axis in AXES}
 
+    @property
+    def used_axes(self) -> tuple[str, ...]:
+        """The axes that get a process group and a wrapper: those spanning more than one
+        rank, or in a one-rank job the data axis (its wrapper runs over that one rank)."""
+        return tuple(axis for axis in AXES if self.degree(axis) > 1) or (self.data_axis,)
+
     @cached_property
     def device_mesh(self) -> DeviceMesh:
-        """The process groups of the axes that span more than one rank (collective: every
-        rank builds it, in the same order). Only wrappers of such an axis ask for it."""
-        axes = [axis for axis in AXES if self.degree(axis) > 1]
+        """The process groups of the used axes (collective: every rank builds it, in the
+        same order). Only wrappers ask for it, so a single process never builds one."""
+        axes = self.used_axes
         return init_device_mesh(self.device_type, tuple(self.degree(a) for a in axes), mesh_dim_names=tuple(axes))
 # --8<-- [end:parallel_dims]

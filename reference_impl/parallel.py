@@ -84,14 +84,14 @@ def checkpoint_layout(cfg: TrainConfig) -> str:
 
 # --8<-- [start:wrap_model]
 def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: ParallelDims) -> nn.Module:
-    """Move the model to its device and apply every parallelism whose axis spans ranks."""
+    """Move the model to its device and apply the parallelism of every used mesh axis."""
     model = model.to(ctx.device)
     if cfg.activation_checkpointing:
         model.checkpoint_blocks = True
     if not ctx.distributed:
         return model
     for parallelism in PARALLELISMS.values():
-        if dims.degree(parallelism.axis) > 1:
+        if parallelism.axis in dims.used_axes:
             model = parallelism.wrap(model, dims.device_mesh[parallelism.axis], cfg)
     return model
 # --8<-- [end:wrap_model]

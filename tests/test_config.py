@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -144,3 +145,32 @@ def test_cli_rejects_bad_flags_under_torchrun_before_rendezvous() -> None:
                         env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
                              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
     assert run.returncode == 2, run.stderr
+
+
+TP_ERRORS = [
+    (["--tp-degree", "3", "--model", "transformer"], "2", "tp_degree (3) must divide the world size (2)"),
+    (["--tp-degree", "2"], "2", "needs --model transformer"),
+    (["--tp-degree", "2", "--model", "transformer", "--n-heads", "1"], "2", "must divide n_heads (1)"),
+    (["--tp-degree", "2", "--model", "transformer"], "4", "needs --strategy fsdp"),
+]
+
+
+@pytest.mark.parametrize("flags,world,message", TP_ERRORS)
+def test_a_mesh_that_does_not_fit_is_a_config_error(flags: list[str], world: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig.from_cli(flags, {"WORLD_SIZE": world})
+
+
+def test_tensor_parallel_ranks_share_their_samples_in_the_global_batch() -> None:
+    flags = ["--strategy", "fsdp", "--model", "transformer", "--tp-degree", "2", "--micro-batch-size", "8"]
+    cfg = TrainConfig.from_cli(flags, {"WORLD_SIZE": "4"})
+    assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
+
+
+def test_a_bad_mesh_exits_2_under_torchrun_before_rendezvous() -> None:
+    """MASTER_PORT 1 has no store behind it: reaching init_process_group would fail otherwise."""
+    run = python_module(TP_ERRORS[0][0], timeout=60, env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+                                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and TP_ERRORS[0][2] in lines[0], lines

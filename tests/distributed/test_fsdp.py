@@ -7,7 +7,6 @@ driver that counts the transformer blocks' forward calls inside the real trainin
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.export import export
 from reference_impl.model import build_model
+from sample_logs import losses, trained_by_step
 
 pytestmark = pytest.mark.distributed
 
@@ -34,10 +34,6 @@ def fsdp_run(tmp: Path, *flags: str, nproc: int = 2, restarts: int = 0, steps: i
                    nproc=nproc, max_restarts=restarts, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
-
-
-def losses(run: Run) -> list[float]:
-    return [e["loss"] for e in run.of("step")]
 
 
 @pytest.fixture(scope="module")
@@ -177,11 +173,7 @@ def test_every_sample_is_trained_exactly_once_across_a_two_to_one_change(tmp_pat
     run = python_module([*FSDP, *ONE, "--max-steps", "20", "--allow-config-change", "max_steps",
                          "--checkpoint-dir", str(tmp_path / "ckpt"), "--sample-log", str(log)], timeout=120)
     assert run.of("checkpoint_restored")[0]["step"] == 10
-    by_step: dict[int, list[int]] = {}
-    for file in log.glob("rank*.jsonl"):
-        for line in file.read_text().splitlines():
-            entry = json.loads(line)
-            by_step.setdefault(entry["step"], []).extend(entry["indices"])
+    by_step = trained_by_step(log)
     assert sorted(by_step) == list(range(1, 21))
     trained = [i for step in sorted(by_step) for i in by_step[step]]
     assert len(trained) == len(set(trained)) == 20 * 16, "no sample twice, none skipped"
