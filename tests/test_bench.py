@@ -60,6 +60,7 @@ def test_overhead_bench_reports_trainer_over_bare_loop_for_the_requested_run() -
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart() -> None:
     hidden_dims, rounds = [16, 32], 1
     run = launch.python_module(["checkpoint", "--rounds", str(rounds), "--hidden-dims", "16,32"],
@@ -89,6 +90,7 @@ def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart
 ASYNC_FLAGS = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64"]
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_async_bench_relaunches_under_torchrun_and_compares_with_a_sync_save() -> None:
     run = launch.python_module(["async", "--rounds", "1", *ASYNC_FLAGS],

@@ -138,6 +138,7 @@ def test_numpy_rng_state_fails_default_torch_load(tmp_path: Path) -> None:
 
 
 # 4 ------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_rank0_only_rng_gives_every_rank_the_same_stream(tmp_path: Path) -> None:
     spawn(naive.rank0_rng_worker, (2, free_port(), str(tmp_path)))

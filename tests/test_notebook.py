@@ -72,6 +72,7 @@ def test_equals_the_package_on_one_process(tmp_path: Path) -> None:
     assert_same_run(short, package, 30)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_equals_the_package_on_two_ranks_under_torchrun(two_rank_reference: dict[str, Run]) -> None:
     assert_same_run(two_rank_reference["short"], two_rank_reference["package"], 30)
@@ -85,6 +86,7 @@ def two_rank_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ru
             "package": torchrun(package_flags(root / "package", 64, world=2))}
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_sigkilled_rank_resumes_to_the_uninterrupted_digest(

@@ -17,7 +17,7 @@ from launch import REPO
 sys.path.insert(0, str(REPO / "docs" / "hooks"))
 import handbook  # noqa: E402  (the mkdocs hook that generates the notebook)
 
-pytestmark = pytest.mark.distributed  # its last cells start two-rank gloo jobs
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # its last cells start two-rank gloo jobs
 
 WITHOUT_PACKAGE = Path(__file__).with_name("without_package.py")
 PROOF_CELL = """try:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.bio
+pytestmark = [pytest.mark.bio, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from reference_impl import calc
 from test_calc import BAD_INPUTS
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CASES = 250
 PLAYBOOK = "foundations/parallelism/"

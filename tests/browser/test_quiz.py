@@ -6,7 +6,7 @@ import pytest
 
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
 
 COUNT = "() => document.querySelector('.handbook-quiz__count').textContent"
 

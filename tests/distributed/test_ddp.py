@@ -115,6 +115,7 @@ def _assert_close(actual: list[float], expected: list[float]) -> None:
     assert max(diffs) <= TOL, f"loss diffs {diffs}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TWO_RANK)
 def test_ranks_hold_identical_parameters_after_every_step(
         driver: Callable[[str], DriverResult], name: str) -> None:
@@ -160,6 +161,7 @@ def test_loss_falls_and_run_completes(trained: Callable[[str], launch.Run], name
     assert re.fullmatch(r"[0-9a-f]{64}", last["state_digest"])
 
 
+@pytest.mark.slow
 def test_same_config_same_digest_other_seed_other_digest(trained: Callable[[str], launch.Run]) -> None:
     assert trained("mlp").digest() == trained("mlp_again").digest()
     assert trained("mlp_seed1").digest() != trained("mlp").digest()

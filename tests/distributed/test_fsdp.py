@@ -55,6 +55,7 @@ def test_the_root_module_returns_no_view_so_fsdp_does_not_warn(reference: tuple[
     assert "returned a view tensor" not in reference[0].stderr
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_leaves_the_math_unchanged(reference: tuple[Run, Path], tmp_path: Path) -> None:
     """Same losses with and without AC; that AC is really on is proven by the next test."""
     run = fsdp_run(tmp_path, "--activation-checkpointing")
@@ -121,6 +122,7 @@ def test_activation_checkpointing_recomputes_every_block_during_backward() -> No
         assert e["recomputed"] == (recomputed if e["activation_checkpointing"] else []), e
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_under_fsdp_is_bit_exact(reference: tuple[Run, Path], tmp_path: Path) -> None:
     run = fsdp_run(tmp_path, "--fail-at-step", "15", "--fail-rank", "1", restarts=1)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
@@ -139,6 +141,7 @@ def restored_digest(ckpt: Path, tmp: Path, *flags: str) -> str:
     return run.digest()
 
 
+@pytest.mark.slow
 def test_an_async_checkpoint_loads_to_the_same_tensors_as_a_sync_one(
         reference: tuple[Run, Path], tmp_path: Path) -> None:
     run = fsdp_run(tmp_path / "async", "--async-checkpoint")
@@ -148,6 +151,7 @@ def test_an_async_checkpoint_loads_to_the_same_tensors_as_a_sync_one(
     assert restored_digest(tmp_path / "async", tmp_path / "a") == restored_digest(reference[1], tmp_path / "s")
 
 
+@pytest.mark.slow
 def test_a_kill_during_an_async_save_never_publishes_a_torn_checkpoint(
         reference: tuple[Run, Path], tmp_path: Path) -> None:
     run = fsdp_run(tmp_path, "--async-checkpoint", "--fail-mode", "crash-before-publish",
@@ -167,6 +171,7 @@ def test_a_two_rank_checkpoint_restores_on_one_rank_with_equal_state(
         assert run.digest() == reference[0].digest(), "parameters and Adam state equal bit for bit"
 
 
+@pytest.mark.slow
 def test_every_sample_is_trained_exactly_once_across_a_two_to_one_change(tmp_path: Path) -> None:
     log = tmp_path / "samples"
     fsdp_run(tmp_path / "ckpt", "--sample-log", str(log), steps=10)

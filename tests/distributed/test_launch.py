@@ -45,6 +45,7 @@ def test_standalone_two_processes_train_on_cpu(standalone: launch.Run) -> None:
     assert standalone.of("run_complete")[-1]["step"] == 6
 
 
+@pytest.mark.slow
 def test_two_agents_rendezvous_as_two_nodes_and_match_standalone(standalone: launch.Run) -> None:
     runs = two_agents(FLAGS, timeout=90)
     assert [r.returncode for r in runs] == [0, 0], "\n".join(r.stderr[-3000:] for r in runs)

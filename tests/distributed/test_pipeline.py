@@ -32,7 +32,7 @@ def test_one_stage_is_the_whole_model() -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
 def test_two_stages_train_the_same_steps_as_one_process(schedule: str) -> None:
     run = torchrun([schedule, "4", "6"], module=str(REPO / "tests" / "distributed" / "pp_driver.py"), timeout=120)
     assert run.returncode == 0, run.stderr[-4000:]

@@ -46,7 +46,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# The quick loop (-m "not slow") keeps one restart case; the suite runs them all.
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c == "rank0_killed" else pytest.mark.slow)
+                                  for c in CASES])
 def test_sigkill_and_restart_is_bit_exact(case: str, tmp_path, tmp_path_factory) -> None:
     flags, fault = CASES[case]
     run = killed_run(flags, fault, str(tmp_path))
@@ -57,6 +59,7 @@ def test_sigkill_and_restart_is_bit_exact(case: str, tmp_path, tmp_path_factory)
     assert run.digest() == reference_digest(flags, tmp_path_factory)
 
 
+@pytest.mark.slow
 def test_three_kills_in_one_run_are_bit_exact(tmp_path, tmp_path_factory) -> None:
     run = killed_run([], ["--fail-at-step", "12,17,26", "--fail-rank", "1"], str(tmp_path), restarts=3)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10, 10, 20]
@@ -84,6 +87,7 @@ NECESSARY = ["--model", "transformer", "--dropout", "0.1", "--precision", "fp16"
              "--fp16-init-scale", "16777216"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("part", [None, "rng", "data", "scheduler", "scaler"])
 def test_each_part_of_the_checkpoint_is_necessary(part: str | None, tmp_path, tmp_path_factory) -> None:
     """Restoring without any one of these parts makes the resumed run diverge."""
@@ -94,7 +98,8 @@ def test_each_part_of_the_checkpoint_is_necessary(part: str | None, tmp_path, tm
     assert same is (part is None)
 
 
-@pytest.mark.parametrize("mode,rank", [("crash-before-publish", 0), ("crash-mid-write", 1)])
+@pytest.mark.parametrize("mode,rank", [("crash-before-publish", 0),
+                                       pytest.param("crash-mid-write", 1, marks=pytest.mark.slow)])
 def test_a_crash_during_a_save_never_leaves_a_checkpoint_restore_picks(
         mode: str, rank: int, tmp_path, tmp_path_factory) -> None:
     run = killed_run([], ["--fail-mode", mode, "--fail-at-step", "20", "--fail-rank", str(rank)], str(tmp_path))
@@ -103,6 +108,7 @@ def test_a_crash_during_a_save_never_leaves_a_checkpoint_restore_picks(
     assert run.digest() == reference_digest([], tmp_path_factory)
 
 
+@pytest.mark.slow
 def test_a_rank_blocked_in_a_collective_fails_the_job_within_the_timeout(tmp_path) -> None:
     run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
                     "--pg-timeout-s", "5", "--checkpoint-dir", str(tmp_path)], timeout=90)
@@ -112,6 +118,7 @@ def test_a_rank_blocked_in_a_collective_fails_the_job_within_the_timeout(tmp_pat
     assert "Timed out" in errors[0]["message"] and errors[0]["step"] == 4
 
 
+@pytest.mark.slow
 def test_the_watchdog_reports_a_stalled_step_on_every_rank(tmp_path) -> None:
     run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
                     "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=90)

@@ -54,6 +54,7 @@ def test_the_ranks_of_one_tp_group_read_the_same_samples(reference: tuple[Run, P
     assert all(len(indices) == 16 for indices in rank0.values()), "each reads the whole global batch"
 
 
+@pytest.mark.slow
 def test_sigkill_under_tp_resumes_bit_exactly(reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
     run = tp_run(tmp_path, "--fail-at-step", "15", "--fail-rank", "1", restarts=1)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10]

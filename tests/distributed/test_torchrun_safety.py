@@ -38,6 +38,7 @@ def start_endless_run(ckpt: Path) -> subprocess.Popen:
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
     agent = start_endless_run(tmp_path)
     try:
@@ -59,6 +60,7 @@ def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]  # the lock went with the workers
 
 
+@pytest.mark.slow
 @pytest.mark.slow  # three torchrun launches: a reference, the stopped attempt and its restart
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_exactly(tmp_path: Path) -> None:
     reference = torchrun([*BASE, "--checkpoint-dir", str(tmp_path / "reference")])
@@ -91,6 +93,7 @@ def test_sigterm_to_the_agent_is_forwarded_and_ends_with_a_checkpoint(tmp_path: 
     assert (tmp_path / f"step-{preempted[0]['step']:08d}" / "manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_a_smaller_world_cuts_the_departed_ranks_sample_log(tmp_path: Path) -> None:
     log, ckpt = tmp_path / "samples", tmp_path / "ckpt"
     killed = torchrun([*BASE, "--sample-log", str(log), "--fail-at-step", "15", "--fail-rank", "1",

@@ -74,6 +74,15 @@ def _without_markers(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not _MARKER_LINE.match(line))
 
 
+def _method_of_a_class(module_ns: dict[str, object], name: str, path: str) -> object | None:
+    """The method `name` of the one class defined in the module that has it: a section may
+    show a single method of a class."""
+    found = [vars(cls)[name] for cls in module_ns.values()
+             if inspect.isclass(cls) and cls.__module__ == module_ns["__name__"] and name in vars(cls)]
+    assert len(found) <= 1, f"{path}: more than one class defines {name}; the slice is ambiguous"
+    return found[0] if found else None
+
+
 def _run_slice(block: support.DocBlock, code: str) -> None:
     (path, _section), *_ = block.includes
     assert {p for p, _ in block.includes} == {path}, f"{block.id}: a slice shows sections of one module"
@@ -98,10 +107,11 @@ def _run_slice(block: support.DocBlock, code: str) -> None:
                     assert namespace[name] is module_ns.get(name), (
                         f"{block.id}: `{name}` is imported differently from {path}")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            assert node.name in module_ns, f"{block.id}: defines {node.name}, which {path} does not have"
+            target = module_ns.get(node.name) or _method_of_a_class(module_ns, node.name, path)
+            assert target is not None, f"{block.id}: defines {node.name}, which {path} does not have"
             # A section may end inside a class (the rest of it is elided), but what it shows is
             # the module's definition from its first decorator on, line for line.
-            own = _without_markers(textwrap.dedent(inspect.getsource(module_ns[node.name]))).strip()
+            own = _without_markers(textwrap.dedent(inspect.getsource(target))).strip()
             first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
             as_shown = "\n".join(shown.splitlines()[first - 1: node.end_lineno])
             as_shown = _without_markers(as_shown).strip()

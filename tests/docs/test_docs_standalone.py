@@ -332,6 +332,7 @@ def site_blocks(built_site: Path) -> list[SiteBlock]:
     return blocks
 
 
+@pytest.mark.slow
 def test_every_python_block_runs_where_it_is_pasted_or_says_what_it_needs(site_blocks: list[SiteBlock]) -> None:
     singles = [b for b in site_blocks if b.page != CHAIN_PAGE]
     chain = [b for b in site_blocks if b.page == CHAIN_PAGE]
