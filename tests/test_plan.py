@@ -1,0 +1,147 @@
+"""The configuration search of reference_impl.plan: the known facts of a 70B model on 64 H100s,
+hand-computed terms, the directions every term must move in, and its input checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from reference_impl.plan import Job, Plan, best_per_mesh, evaluate, search
+
+GB = 1e9
+JOB = Job()
+PLANS = search(JOB)
+
+
+def _plan(mesh: str, micro_batch: int = 1, activation_checkpointing: bool = False, job: Job = JOB) -> Plan:
+    r, s, t, p = (int(d) for d in mesh.split("x"))
+    return evaluate(job, dp_replicate=r, dp_shard=s, tp=t, pp=p, micro_batch=micro_batch,
+                    activation_checkpointing=activation_checkpointing)
+
+
+def test_seventy_b_with_adamw_needs_1_12_tb_of_state_so_pure_ddp_cannot_fit() -> None:
+    ddp = [q for q in PLANS if q.mesh == "64x1x1x1" and q.micro_batch <= 4]  # 8 x 64 > 256 sequences
+    assert len(ddp) == 2 * 3
+    assert all(q.rejected.startswith("needs ") and q.rejected.endswith("over 80 GB") for q in ddp)
+    assert ddp[0].model_state_bytes == pytest.approx(16 * 70e9) == 1.12e12
+
+
+def test_sharding_within_one_node_cannot_hold_the_state() -> None:
+    # 1.12 TB over the 8 GPUs of a node is 140 GB each: HSDP must shard over 2 nodes or more.
+    in_node = [q for q in PLANS if q.pp == 1 and q.tp * q.dp_shard <= JOB.gpus_per_node
+               and JOB.global_batch % (q.dp_replicate * q.dp_shard * q.micro_batch) == 0]
+    assert in_node and all(q.rejected.startswith("needs ") for q in in_node)
+    assert min(q.model_state_bytes for q in in_node) == pytest.approx(1.12e12 / 8)
+
+
+def test_tensor_parallel_beyond_a_node_is_rejected() -> None:
+    wide = [q for q in PLANS if q.tp > JOB.gpus_per_node]
+    assert {q.tp for q in wide} == {16, 32, 64}
+    assert all(q.rejected == f"TP {q.tp} does not fit in a node of 8 GPUs" for q in wide)
+
+
+def test_pure_fsdp_fits_only_with_activation_checkpointing() -> None:
+    fsdp = [q for q in PLANS if q.mesh == "1x64x1x1"]
+    assert all(q.rejected for q in fsdp if not q.activation_checkpointing)
+    assert any(not q.rejected for q in fsdp if q.activation_checkpointing)
+
+
+def test_the_chosen_mesh_fits_keeps_tp_in_a_node_and_beats_pure_fsdp() -> None:
+    best = PLANS[0]
+    assert not best.rejected and best.memory_bytes <= 80 * GB
+    assert best.tp <= JOB.gpus_per_node
+    assert best.dp_replicate * best.dp_shard * best.tp * best.pp == 64
+    assert all(q.step_time_s >= best.step_time_s for q in PLANS if not q.rejected)
+    fsdp = next(q for q in PLANS if q.mesh == "1x64x1x1" and not q.rejected)
+    assert best.step_time_s < fsdp.step_time_s
+
+
+def test_memory_of_tp8_fsdp8_by_hand() -> None:
+    q = _plan("1x8x8x1")
+    assert q.model_state_bytes == pytest.approx(70e9 * 16 / 64)  # 17.5 GB
+    activations = 80 * 34 * (4096 // 8) * 8192  # 80 layers, sequence-parallel over 8, bf16
+    gathered = 2 * 2 * 70e9 / (8 * 80)  # FSDP's current and prefetched layer, bf16
+    assert q.activation_bytes == pytest.approx(activations + gathered)
+    assert q.memory_bytes == pytest.approx(17.5e9 + activations + gathered)
+
+
+def test_fsdp_traffic_of_tp8_fsdp8_by_hand() -> None:
+    q = _plan("1x8x8x1", micro_batch=4)
+    microbatches = 256 // (8 * 4)
+    per_microbatch = 3 * 7 / 8 * (70e9 / 8) * 2 / 50e9  # 2 gathers + 1 reduce-scatter, bf16, across nodes
+    assert q.microbatches == microbatches
+    assert q.dp_comm_s == pytest.approx(microbatches * per_microbatch)  # 7.35 s
+
+
+def test_one_f_one_b_keeps_as_many_activations_as_the_unsplit_model() -> None:
+    # p micro-batches in flight through L/p layers store what L layers of one store.
+    flat, piped = _plan("1x1x8x8"), _plan("2x4x8x1")
+    assert piped.microbatches >= 8 <= flat.microbatches
+    gathered = 2 * 2 * 70e9 / (8 * 80)
+    assert flat.activation_bytes == pytest.approx(piped.activation_bytes - gathered)
+
+
+def test_bubble_is_the_calculators_and_stretches_compute() -> None:
+    q = _plan("1x2x8x4")
+    assert q.bubble_fraction == pytest.approx(3 / (q.microbatches + 3))
+    assert q.step_time_s >= (q.compute_s + q.tp_comm_s) / (1 - q.bubble_fraction) - 1e-12
+    assert _plan("1x8x8x1").bubble_fraction == 0
+
+
+def test_more_shards_less_memory_and_a_larger_micro_batch_more() -> None:
+    by_shards = [_plan(f"{64 // (8 * s)}x{s}x8x1").memory_bytes for s in (1, 2, 4, 8)]
+    assert by_shards == sorted(by_shards, reverse=True) and len(set(by_shards)) == 4
+    by_batch = [_plan("1x8x8x1", micro_batch=b).memory_bytes for b in (1, 2, 4, 8)]
+    assert by_batch == sorted(by_batch) and len(set(by_batch)) == 4
+
+
+def test_checkpointing_trades_memory_for_a_third_more_compute_and_tp_traffic() -> None:
+    off, on = _plan("1x8x8x1", 4, False), _plan("1x8x8x1", 4, True)
+    assert on.memory_bytes < off.memory_bytes
+    assert on.compute_s == pytest.approx(off.compute_s * 4 / 3)
+    assert on.tp_comm_s == pytest.approx(off.tp_comm_s * 6 / 4)
+
+
+def test_a_faster_network_never_slows_a_step_and_a_slow_one_exposes_fsdp() -> None:
+    times = [_plan("1x64x1x1", 2, True, dataclasses.replace(JOB, inter_node_bandwidth=bw)).step_time_s
+             for bw in (12.5e9, 25e9, 50e9, 100e9, 400e9)]
+    assert times == sorted(times, reverse=True)
+    slow = _plan("1x64x1x1", 2, True, dataclasses.replace(JOB, inter_node_bandwidth=12.5e9))
+    assert slow.step_time_s == slow.dp_comm_s > slow.compute_s
+
+
+def test_layers_and_batch_that_do_not_split_are_rejected() -> None:
+    assert _plan("1x1x2x32").rejected == "80 layers do not split into 32 stages"
+    assert _plan("1x64x1x1", micro_batch=8).rejected == "256 sequences do not split into micro-batches of 8 on 64 replicas"
+
+
+def test_best_per_mesh_keeps_one_plan_per_mesh_in_order() -> None:
+    best = best_per_mesh(PLANS)
+    assert len({q.mesh for q in best}) == len(best) == len({q.mesh for q in PLANS})
+    assert best[0] == PLANS[0]
+    # A mesh that cannot run is shown by its smallest memory overrun, not a layout rejection.
+    ddp = next(q for q in best if q.mesh == "64x1x1x1")
+    assert ddp.rejected.startswith("needs ")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"params": 0}, "params must be positive, got 0"),
+    ({"n_layers": 2.5}, "n_layers must be a whole number >= 1, got 2.5"),
+    ({"compute_efficiency": 1.5}, "compute_efficiency is a fraction and must not exceed 1, got 1.5"),
+    ({"micro_batches": ()}, "micro_batches must name at least one micro-batch size"),
+    ({"micro_batches": (1, 0)}, "micro_batches must be a whole number >= 1, got 0"),
+])
+def test_a_bad_job_is_refused_in_one_line(change: dict, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Job(**change)
+    assert str(info.value) == message
+
+
+def test_a_bad_mesh_is_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"^mesh 2x2x2x2 has 16 GPUs, the job has 64$"):
+        _plan("2x2x2x2")
+    with pytest.raises(ValueError, match=r"^tp must be a whole number >= 1, got 0$"):
+        evaluate(JOB, dp_replicate=64, dp_shard=1, tp=0, pp=1, micro_batch=1, activation_checkpointing=False)
+    with pytest.raises(ValueError, match=r"^activation_checkpointing must be true or false, got 'yes'$"):
+        evaluate(JOB, dp_replicate=64, dp_shard=1, tp=1, pp=1, micro_batch=1, activation_checkpointing="yes")
