@@ -223,16 +223,23 @@ def search(job: Job | None = None) -> list[Plan]:
         job: The model, batch and cluster (default: a 70B model on 64 H100s, `Job()`).
 
     Returns:
-        Every candidate: those that run, by step time (ties: less memory first); then those
-        that overrun memory, smallest overrun first; then those rejected for their layout.
+        Every candidate: those that run, by step time (ties: less data-parallel traffic, then
+        less memory, first); then those that overrun memory, smallest overrun first; then
+        those rejected for their layout.
     """
     job = Job() if job is None else job
     plans = [evaluate(job, dp_replicate=r, dp_shard=s, tp=t, pp=job.n_gpus // (r * s * t), micro_batch=b,
                       activation_checkpointing=ac)
              for r in _divisors(job.n_gpus) for s in _divisors(job.n_gpus // r)
              for t in _divisors(job.n_gpus // (r * s)) for b in job.micro_batches for ac in (False, True)]
-    return sorted(plans, key=lambda q: (bool(q.rejected), 0.0 if q.rejected else q.step_time_s,
-                                        q.memory_bytes == 0, q.memory_bytes, q.mesh))
+    return sorted(plans, key=_rank)
+
+
+def _rank(plan: Plan) -> tuple[int, float, float, float, str]:
+    if plan.rejected:  # memory overruns, smallest first, then layout rejections (never priced)
+        return 1, plan.memory_bytes == 0, plan.memory_bytes, 0.0, plan.mesh
+    # Steps within a millisecond tie; then the plan with less data-parallel traffic to hide wins.
+    return 0, round(plan.step_time_s, 3), plan.dp_comm_s, plan.memory_bytes, plan.mesh
 
 
 def best_per_mesh(plans: list[Plan]) -> list[Plan]:

@@ -74,6 +74,17 @@ def test_fsdp_traffic_of_tp8_fsdp8_by_hand() -> None:
     assert q.dp_comm_s == pytest.approx(microbatches * per_microbatch)  # 7.35 s
 
 
+def test_fsdp_hides_under_compute_only_with_enough_tokens_per_micro_batch() -> None:
+    # Per micro-batch FSDP moves 3 x 2 bytes per local parameter; compute is 6 FLOPs per local
+    # parameter per token (plus attention). Traffic over compute = peak x efficiency / (bandwidth x tokens).
+    attention_share = 6 * 70e9 / (6 * 70e9 + 12 * 80 * 8192 * 4096)
+    for micro_batch in (1, 2, 4):
+        q = _plan("1x8x8x1", micro_batch=micro_batch)
+        ratio = 989e12 * 0.5 / (50e9 * 4096 * micro_batch) * 7 / 8 * attention_share
+        assert q.dp_comm_s / q.compute_s == pytest.approx(ratio)
+    assert 989e12 * 0.5 / 50e9 == pytest.approx(9890)  # tokens per micro-batch for traffic = compute
+
+
 def test_one_f_one_b_keeps_as_many_activations_as_the_unsplit_model() -> None:
     # p micro-batches in flight through L/p layers store what L layers of one store.
     flat, piped = _plan("1x1x8x8"), _plan("2x4x8x1")

@@ -4,6 +4,7 @@ at a blank line (a paragraph glued to a table is swallowed into it as broken row
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,43 @@ def test_the_check_catches_a_glued_paragraph_and_a_short_row() -> None:
     assert [p.split(": ", 1)[1] for p in table_problems(glued, "t")] == [
         "text glued to the table above (add a blank line)"]
     assert [p.split(": ", 1)[1] for p in table_problems(short, "t")] == ["row has 1 columns, header has 2"]
+
+
+def _computed_tables() -> dict[str, str]:
+    sys.path.insert(0, str(support.DOCS / "hooks"))
+    import tables
+
+    return {name: tables.table(name) for name in tables.TABLES}
+
+
+def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> None:
+    marks = {m["name"] for page in support.markdown_files()
+             for m in re.finditer(r"<!-- table: (?P<name>[a-z_]+) -->", page.read_text(encoding="utf-8"))}
+    assert marks == set(_computed_tables())
+
+
+@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks"])
+def test_computed_tables_are_well_formed(name: str) -> None:
+    assert table_problems(_computed_tables()[name].splitlines(), name) == []
+
+
+def test_the_mesh_tables_show_what_the_search_computes() -> None:
+    from reference_impl.plan import best_per_mesh, search
+
+    ranking = _computed_tables()["mesh_ranking"].splitlines()[2:]
+    best = best_per_mesh(search())
+    assert len(ranking) == 6
+    for row, plan in zip(ranking, best):
+        assert row.startswith(f"| {plan.mesh.replace('x', ' × ')} | {plan.micro_batch} |")
+        assert f"| {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |" in row
+    landmarks = dict(line.split(" | ", 1) for line in _computed_tables()["mesh_landmarks"].splitlines()[2:])
+    assert landmarks["| 64 × 1 × 1 × 1 (DDP)"].endswith("| needs 1127 GB per GPU, over 80 GB |")
+    assert landmarks["| 1 × 4 × 16 × 1 (TP 16 + FSDP2)"].endswith("| TP 16 does not fit in a node of 8 GPUs |")
+
+
+def test_an_unknown_table_stops_the_build() -> None:
+    sys.path.insert(0, str(support.DOCS / "hooks"))
+    import tables
+
+    with pytest.raises(ValueError, match=r"^<!-- table: nope -->: no such table \(known: mesh_ranking, mesh_landmarks\)$"):
+        tables.table("nope")

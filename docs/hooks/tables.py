@@ -1,0 +1,73 @@
+"""MkDocs hook: tables computed by the tested package at build time, never typed by hand.
+
+`<!-- table: NAME -->` on a page becomes the Markdown table `TABLES[NAME]()` returns:
+
+* `mesh_ranking`: the fastest meshes of `reference_impl.plan.search()` (a 70B model on 64
+  H100s), each at its best micro-batch and checkpointing choice;
+* `mesh_landmarks`: the meshes an interviewer names (DDP, HSDP in a node, FSDP, TP across
+  nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs.
+
+An unknown name stops the build with a `ValueError` that lists the known ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from reference_impl.plan import Plan, best_per_mesh, search
+
+MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")
+RANKED_ROWS = 6
+LANDMARKS = {"64x1x1x1": "DDP", "8x8x1x1": "HSDP, shard in a node", "1x64x1x1": "FSDP2",
+             "1x4x16x1": "TP 16 + FSDP2", "1x8x8x1": "TP 8 + FSDP2", "1x1x8x8": "TP 8 + PP 8"}
+HEADER = ("| Mesh (replicate × shard × TP × PP) | Micro-batch | Recompute | GB per GPU | Compute (s) | TP comm (s) "
+          "| FSDP/DP comm (s) | Bubble | Step (s) | MFU | Verdict |")
+
+
+def _row(plan: Plan, name: str = "") -> str:
+    mesh = plan.mesh.replace("x", " × ") + (f" ({name})" if name else "")
+    if plan.rejected and not plan.memory_bytes:  # rejected for its layout, before it was priced
+        return f"| {mesh} | | | | | | | | | | {plan.rejected} |"
+    setting = (f"| {mesh} | {plan.micro_batch} | {'yes' if plan.activation_checkpointing else 'no'} "
+               f"| {plan.memory_bytes / 1e9:.1f} ")
+    if plan.rejected:  # out of memory even at its smallest setting: no time to show
+        return setting + f"| | | | | | | {plan.rejected} |"
+    return setting + (f"| {plan.compute_s:.2f} | {plan.tp_comm_s:.2f} | {plan.dp_comm_s:.2f} "
+                      f"| {plan.bubble_fraction:.1%} | {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |")
+
+
+def _table(rows: list[str]) -> str:
+    return "\n".join([HEADER, "|" + " --- |" * HEADER.count(" |"), *rows])
+
+
+def mesh_ranking() -> str:
+    """The fastest meshes that run, best setting of each."""
+    runs = [plan for plan in best_per_mesh(search()) if not plan.rejected]
+    return _table([_row(plan) for plan in runs[:RANKED_ROWS]])
+
+
+def mesh_landmarks() -> str:
+    """The named meshes, each at its best setting or with the reason none runs."""
+    best = {plan.mesh: plan for plan in best_per_mesh(search())}
+    return _table([_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
+
+
+TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks}
+
+
+def table(name: str) -> str:
+    """The Markdown table that replaces `<!-- table: name -->`.
+
+    Raises:
+        ValueError: No table has that name.
+    """
+    if name not in TABLES:
+        raise ValueError(f"<!-- table: {name} -->: no such table (known: {', '.join(TABLES)})")
+    return TABLES[name]()
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    """Replace each `<!-- table: NAME -->` with its computed table."""
+    return MARK.sub(lambda m: table(m["name"]), markdown)
