@@ -1,5 +1,7 @@
 """Every Markdown table is well formed: each row has its header's columns, and a table ends
-at a blank line (a paragraph glued to a table is swallowed into it as broken rows)."""
+at a blank line (a paragraph glued to a table is swallowed into it as broken rows). Tables
+computed at build time (`<!-- table: NAME -->`, docs/hooks/tables.py) are well formed too,
+and show what reference_impl.plan computes."""
 
 from __future__ import annotations
 
