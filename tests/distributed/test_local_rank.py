@@ -15,7 +15,10 @@ from launch import run_command
 
 pytestmark = pytest.mark.distributed
 
-SHOW = "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': os.environ['LOCAL_RANK']}))\n"
+# Both ranks share one stdout pipe: each writes its whole line in one call (print would write
+# the text and the newline separately, and two ranks' lines could arrive glued together).
+SHOW = ("import json, os, sys; "
+        "sys.stdout.write(json.dumps({'argv': sys.argv[1:], 'env': os.environ['LOCAL_RANK']}) + '\\n')\n")
 
 
 def launched(launcher: str, tmp_path: Path) -> list[dict]:
