@@ -27,11 +27,6 @@ def new_hasher() -> Any:
     return xxhash.xxh3_128()
 
 
-def entry(hexdigest: str, size: int) -> dict[str, Any]:
-    """The manifest entry of one file."""
-    return {ALGORITHM: hexdigest, "bytes": size}
-
-
 def algorithm_of(item: Any) -> str | None:
     """The algorithm a manifest entry names, if it is a well-formed entry of a known one."""
     if not (isinstance(item, dict) and type(item.get("bytes")) is int and item["bytes"] >= 0):

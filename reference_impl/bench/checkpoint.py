@@ -49,7 +49,7 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     moments exist) is saved, in interleaved rounds, three ways into one directory:
 
     * ours: `save_checkpoint` (DDP layout: `torch.save` of model, optimizer, schedule and
-      sampler hashed while writing, fsync of every file, manifest, atomic rename);
+      sampler, fsync and XXH3 of every file, read back from the page cache, manifest, atomic rename);
     * raw: `torch.save({"model": ..., "optimizer": ...}, path)`, without fsync: the data
       may still be in the page cache when the clock stops;
     * raw+fsync: the same followed by `os.fsync` of the file, a durable baseline.
