@@ -15,7 +15,7 @@ from functools import cached_property
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 # --8<-- [end:imports]
 
-from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.config import TrainConfig
 
 # --8<-- [start:axes]
 # Outermost first: ranks that differ only in the last axis (tp) are neighbours, so a
@@ -49,15 +49,11 @@ class ParallelDims:
     def from_config(cls, cfg: TrainConfig, data_axis: str, device_type: str = "cpu") -> ParallelDims:
         """The mesh of `cfg`: tensor parallel `tp_degree`, the rest of the world on `data_axis`.
 
-        Raises:
-            ConfigError: The degrees do not multiply to the world size.
+        `TrainConfig` has already refused a `tp_degree` that does not divide the world size,
+        before any process group started, so the degrees always multiply to it.
         """
-        dims = cls(tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type,
-                     **{data_axis: cfg.world_size // cfg.tp_degree})
-        if dims.world_size != cfg.world_size:
-            raise ConfigError(f"mesh {dims.describe()} covers {dims.world_size} ranks, "
-                              f"the world has {cfg.world_size}")
-        return dims
+        return cls(tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type,
+                   **{data_axis: cfg.data_parallel_size})
 
     def degree(self, axis: str) -> int:
         """How many ranks `axis` spans."""
