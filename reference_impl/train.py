@@ -249,6 +249,9 @@ def start(argv: list[str] | None, stack: ExitStack) -> TrainConfig:
     return cfg
 
 
+QUIET_RANK_WAIT_S = 10.0  # how long a rank that prints nothing outlives a bad config
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, train inside a process group, print `run_complete`.
 
@@ -262,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun, one line per node
                 print(f"reference_impl.train: error: {exc}", file=sys.stderr)
+            else:
+                # torchrun stops every worker once one exits: leaving first could get local
+                # rank 0 killed before it printed the error. Its exit ends this wait early.
+                time.sleep(QUIET_RANK_WAIT_S)
             return 2
         return run(cfg)
 

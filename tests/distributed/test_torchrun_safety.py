@@ -116,3 +116,24 @@ def test_bad_input_under_torchrun_is_one_line_from_local_rank_0(tmp_path: Path) 
     ours = [line for line in run.stderr.splitlines() if line.startswith("reference_impl.train: error:")]
     assert ours == [ours[0]] and "seed must be in" in ours[0]
     assert "reference_impl/" not in run.stderr, "no traceback through the package"
+
+
+# Local rank 0 reaches the bad flag last: the quiet rank 1 exits first, and torchrun then
+# stops every worker that is still running.
+SLOW_RANK_0 = """import os, time
+from reference_impl.distributed import exit_process
+from reference_impl.train import main
+if os.environ["LOCAL_RANK"] == "0":
+    time.sleep(3)
+exit_process(main())
+"""
+
+
+def test_the_error_line_survives_a_quiet_rank_that_exits_first(tmp_path: Path) -> None:
+    script = tmp_path / "slow_rank_0.py"
+    script.write_text(SLOW_RANK_0)
+    run = torchrun([*BASE, "--seed", "-1", "--checkpoint-dir", str(tmp_path / "ckpt")], timeout=60,
+                   module=str(script))
+    assert run.returncode != 0
+    ours = [line for line in run.stderr.splitlines() if line.startswith("reference_impl.train: error:")]
+    assert len(ours) == 1 and "seed must be >= 0" in ours[0], run.stderr[-2000:]
