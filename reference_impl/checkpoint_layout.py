@@ -5,8 +5,9 @@ manifest and the atomic publish, and nothing about tensors. A layout knows the t
 
 * `torch_save`: the model and optimizer are whole on every rank (single process, DDP);
   rank 0 puts them into train.pt.
-* `dcp`: parameters are DTensor shards (FSDP2, tensor parallel); every rank writes its
-  shards with torch.distributed.checkpoint under `dcp/`, restorable on another mesh.
+* `dcp`: ranks hold different parts of the parameters (FSDP2 and tensor-parallel shards,
+  pipeline stages); every rank writes its part with torch.distributed.checkpoint under
+  `dcp/`, under the whole model's names, restorable on another mesh.
 
 `LAYOUTS` maps the name recorded in the manifest to the layout, so a restore reads a
 checkpoint with the layout that wrote it, whatever the current run uses. Adding a layout
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from reference_impl.parallel import unwrap
 from reference_impl.state import TrainState
@@ -32,6 +33,10 @@ if TYPE_CHECKING:  # the store imports this module's registry
     from reference_impl.checkpoint_store import AsyncSaver
 
 DCP_DIR = "dcp"
+# Optimizer state keyed per parameter name ("param_groups.blocks.0.qkv.weight.lr"), not as
+# one list of param groups: pipeline stages each hold some of the parameters, and
+# per-stage lists saved under one key would overwrite each other.
+DCP_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 # --8<-- [start:interface]
@@ -104,7 +109,7 @@ class DcpLayout(CheckpointLayout):
         sharded = {"model_optim": _sharded_state(state)}
         dcp.load(sharded, checkpoint_id=path / DCP_DIR)
         set_state_dict(state.model, state.optimizer, model_state_dict=sharded["model_optim"]["model"],
-                       optim_state_dict=sharded["model_optim"]["optim"])
+                       optim_state_dict=sharded["model_optim"]["optim"], options=DCP_OPTIONS)
 
     def full_model(self, path: Path, saved: dict[str, Any], scratch: Path) -> dict[str, torch.Tensor]:
         with tempfile.TemporaryDirectory(dir=scratch, prefix=".export-") as tmp:
@@ -120,5 +125,5 @@ LAYOUTS: dict[str, CheckpointLayout] = {"torch_save": TorchSaveLayout(), "dcp": 
 
 
 def _sharded_state(state: TrainState) -> dict[str, Any]:
-    model_sd, optim_sd = get_state_dict(state.model, state.optimizer)
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer, options=DCP_OPTIONS)
     return {"model": model_sd, "optim": optim_sd}

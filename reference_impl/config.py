@@ -39,7 +39,8 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "pg_timeout_s", "log_every", "activation_checkpointing", "fsdp_grad_sync",
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
-                      "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree")
+                      "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
+                      "pp_degree", "pp_microbatches", "pp_schedule")
 # --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
@@ -66,6 +67,15 @@ class TrainConfig:
     tp_degree: int = 1
     """Tensor-parallel ranks per model replica (transformer only): each splits every matmul
     and reads the same samples; the world size must be a multiple of it."""
+    pp_degree: int = 1
+    """Pipeline stages per model replica (transformer only): the blocks are cut into this many
+    consecutive stages, one per rank, and the ranks of one pipeline read the same samples."""
+    pp_microbatches: int = 0
+    """Pipeline micro-batches each micro-batch is split into (0: pp_degree, the fewest that
+    keep every stage busy); more shrink the idle share (pp_degree-1)/(M+pp_degree-1)."""
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """Pipeline order: GPipe runs every forward, then every backward; 1F1B alternates them
+    once the pipeline is full, so fewer activations are held (the same idle share)."""
     model: Literal["mlp", "transformer"] = "mlp"
     """Which synthetic task and model to train."""
     max_steps: int = 200
@@ -162,8 +172,13 @@ class TrainConfig:
 
     @property
     def data_parallel_size(self) -> int:
-        """Ranks that read different samples: the world size over the tensor-parallel degree."""
-        return self.world_size // self.tp_degree
+        """Ranks that read different samples: the world size over the tensor and pipeline degrees."""
+        return self.world_size // (self.tp_degree * self.pp_degree)
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """Pipeline micro-batches per micro-batch: `pp_microbatches`, or `pp_degree` for 0."""
+        return self.pp_microbatches or self.pp_degree
 
     def is_checkpoint_step(self, step: int) -> bool:
         """True when the loop saves a checkpoint after `step` (always after the last step)."""
@@ -189,10 +204,11 @@ class TrainConfig:
                 _fail(f"{f.name} must be one of {', '.join(choices)} (got {getattr(self, f.name)!r})")
         for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size",
                      "input_dim", "hidden_dim", "num_classes", "vocab_size", "seq_len",
-                     "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size", "tp_degree"):
+                     "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size", "tp_degree",
+                     "pp_degree"):
             if getattr(self, name) < 1:
                 _fail(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank"):
+        for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank", "pp_microbatches"):
             if getattr(self, name) < 0:
                 _fail(f"{name} must be >= 0 (got {getattr(self, name)})")
         for name in ("lr", "pg_timeout_s", "fp16_init_scale", "preempt_grace_s"):
@@ -222,6 +238,7 @@ class TrainConfig:
         if self.d_model % self.n_heads:
             _fail(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
         self._check_tensor_parallel()
+        self._check_pipeline()
         if self.dataset_size < self.global_batch_size:
             _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x data-parallel size)")
@@ -267,6 +284,35 @@ class TrainConfig:
         if self.strategy == "ddp" and self.data_parallel_size > 1:
             _fail("tensor parallel with more than one data-parallel rank needs --strategy fsdp "
                   "(DDP does not wrap DTensor parameters)")
+
+    def _check_pipeline(self) -> None:
+        """The stages must cover the blocks, and each micro-batch must split evenly."""
+        if self.pp_degree == 1:
+            if self.pp_microbatches > 1:
+                _fail("pp_microbatches needs --pp-degree above 1")
+            return
+        if self.world_size % (self.pp_degree * self.tp_degree):
+            _fail(f"pp_degree ({self.pp_degree}) x tp_degree ({self.tp_degree}) must divide the world size "
+                  f"({self.world_size}): the ranks form a pipeline x data-parallel x tensor-parallel mesh")
+        if self.model != "transformer":
+            _fail("pp_degree above 1 needs --model transformer (the model cut into stages of blocks)")
+        if self.tp_degree > 1:
+            _fail("pp_degree and tp_degree cannot both be above 1: pipeline stages are not tensor-parallel here")
+        if self.strategy == "ddp" and self.data_parallel_size > 1:
+            _fail("pipeline stages with more than one data-parallel rank need --strategy fsdp "
+                  "(torch's pipeline schedules break DDP's gradient buckets)")
+        if self.pp_degree > self.n_layers:
+            _fail(f"pp_degree ({self.pp_degree}) must not exceed n_layers ({self.n_layers}): "
+                  "every stage needs at least one block")
+        if self.pipeline_microbatches < self.pp_degree:
+            _fail(f"pp_microbatches ({self.pp_microbatches}) must be at least pp_degree ({self.pp_degree}): "
+                  "with fewer, some stage would idle for the whole step")
+        if self.micro_batch_size % self.pipeline_microbatches:
+            _fail(f"pp_microbatches ({self.pipeline_microbatches}) must divide micro_batch_size "
+                  f"({self.micro_batch_size}): unequal pieces would weight samples unequally in the mean loss")
+        if self.precision == "fp16":
+            _fail("pp_degree above 1 needs --precision fp32 or bf16: fp16's loss scaler would have to "
+                  "agree on overflow across stages")
 
     @classmethod
     def from_cli(cls, argv: list[str] | None = None, environ: dict[str, str] | None = None) -> TrainConfig:
@@ -350,7 +396,7 @@ def _base_type(hint: Any) -> Any:
 def _choices(name: str) -> tuple[str, ...] | None:
     return {"strategy": STRATEGIES, "model": MODELS, "precision": PRECISIONS,
             "optimizer": OPTIMIZERS, "device": DEVICES, "fail_mode": FAIL_MODES,
-            "fsdp_grad_sync": ("last", "every")}.get(name)
+            "fsdp_grad_sync": ("last", "every"), "pp_schedule": ("gpipe", "1f1b")}.get(name)
 
 
 def _fail(message: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 # --8<-- [end:imports]
 
@@ -30,7 +31,7 @@ class ParallelDims:
     """How many ranks each axis spans; their product is the world size.
 
     Attributes:
-        pp: Pipeline stages (1 in the trainer; `reference_impl.pipeline` runs pipelines).
+        pp: Pipeline stages: ranks that each hold consecutive blocks and read the same samples.
         dp_replicate: Data-parallel replicas that hold whole copies (DDP).
         dp_shard: Data-parallel ranks that shard parameters between them (FSDP2).
         tp: Tensor-parallel ranks that split every matmul and read the same samples.
@@ -47,12 +48,13 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, data_axis: str, device_type: str = "cpu") -> ParallelDims:
-        """The mesh of `cfg`: tensor parallel `tp_degree`, the rest of the world on `data_axis`.
+        """The mesh of `cfg`: `pp_degree` stages, `tp_degree` tensor-parallel ranks, and the
+        rest of the world on `data_axis`.
 
-        `TrainConfig` has already refused a `tp_degree` that does not divide the world size,
-        before any process group started, so the degrees always multiply to it.
+        `TrainConfig` has already refused degrees that do not divide the world size, before
+        any process group started, so the degrees always multiply to it.
         """
-        return cls(tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type,
+        return cls(pp=cfg.pp_degree, tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type,
                    **{data_axis: cfg.data_parallel_size})
 
     def degree(self, axis: str) -> int:
@@ -93,6 +95,10 @@ class ParallelDims:
         """The axes that get a process group and a wrapper: those spanning more than one
         rank, or in a one-rank job the data axis (its wrapper runs over that one rank)."""
         return tuple(axis for axis in AXES if self.degree(axis) > 1) or (self.data_axis,)
+
+    def group(self, axis: str) -> ProcessGroup | None:
+        """The process group of `axis` that this rank belongs to; None when it spans one rank."""
+        return self.device_mesh[axis].get_group() if self.degree(axis) > 1 else None
 
     @cached_property
     def device_mesh(self) -> DeviceMesh:

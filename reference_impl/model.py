@@ -4,6 +4,8 @@ units that FSDP2 shards and activation checkpointing recomputes."""
 # --8<-- [start:imports]
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,6 +61,17 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
+# --8<-- [start:run_blocks]
+def run_blocks(blocks: Iterable[nn.Module], x: torch.Tensor, recompute: bool) -> torch.Tensor:
+    """Apply `blocks` in order; with `recompute`, keep only each block's input and
+    recompute its activations during backward (activation checkpointing)."""
+    for block in blocks:
+        # Non-reentrant checkpointing works with FSDP2's hooks and replays dropout's RNG.
+        x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
+    return x
+# --8<-- [end:run_blocks]
+
+
 class TinyTransformer(nn.Module):
     """A decoder-only language model; `blocks` is what parallelize.py wraps."""
 
@@ -74,13 +87,7 @@ class TinyTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        for block in self.blocks:
-            if self.checkpoint_blocks and self.training:
-                # Keep only the block's input; recompute its activations during backward.
-                # Non-reentrant: works with FSDP2 hooks and restores the RNG for dropout.
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
+        x = run_blocks(self.blocks, x, recompute=self.checkpoint_blocks and self.training)
         # Linear on 3-D input returns a view of a 2-D matmul's result. FSDP2 hooks the backward
         # pass onto the root module's output and warns on every forward that an in-place op
         # on a view would drop that hook. A copy of the logits (batch x seq x vocab, as small

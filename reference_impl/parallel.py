@@ -1,9 +1,10 @@
 """Wrap a model for the configured parallelisms, chosen from one registry.
 
 Each parallelism is a function that takes the model and the mesh of its axis and returns
-the wrapped model. `PARALLELISMS` names them in the order they apply, innermost first:
-tensor parallel splits the matmuls, then a data-parallel wrapper (DDP or FSDP2) spans the
-replicas. Adding a parallelism is a module with its wrap function and one entry here.
+the wrapped model. `PARALLELISMS` names them in the order they apply: pipeline parallel
+keeps this rank's stage of the model, tensor parallel splits its matmuls, then a
+data-parallel wrapper (DDP or FSDP2) spans the replicas. Adding a parallelism is a module
+with its wrap function and one entry here.
 """
 
 # --8<-- [start:imports]
@@ -20,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 # --8<-- [end:imports]
 
-from reference_impl import tensor_parallel
+from reference_impl import pipeline, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.mesh import ParallelDims
@@ -40,7 +41,7 @@ def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
         if cfg.precision == "bf16" else MixedPrecisionPolicy()
     # Shard each block first so its parameters are gathered just before use and freed
     # right after; the root call then covers the leftovers (embeddings, head).
-    for block in getattr(model, "blocks", []):
+    for block in model.blocks.children() if hasattr(model, "blocks") else ():
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
@@ -55,7 +56,8 @@ class Parallelism:
     Attributes:
         axis: The mesh axis it spans (see `reference_impl.mesh.AXES`).
         wrap: Returns the model wrapped over the mesh of that axis.
-        sharded: Its parameters become DTensor shards, so checkpoints go through DCP.
+        sharded: Ranks hold different parts of the parameters (DTensor shards, or pipeline
+            stages), so every rank writes its part and checkpoints go through DCP.
     """
 
     axis: str
@@ -64,6 +66,7 @@ class Parallelism:
 
 
 PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
+    "pp": Parallelism("pp", pipeline.split, sharded=True),
     "tp": Parallelism("tp", tensor_parallel.parallelize, sharded=True),
     "ddp": Parallelism("dp_replicate", ddp, sharded=False),
     "fsdp": Parallelism("dp_shard", fsdp, sharded=True),
@@ -72,13 +75,14 @@ PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
 
 
 def dims_of(cfg: TrainConfig, device_type: str = "cpu") -> ParallelDims:
-    """The mesh of `cfg`: `--tp-degree` on the tp axis, the rest on the strategy's axis."""
+    """The mesh of `cfg`: `--pp-degree` and `--tp-degree` on their axes, the rest on the
+    strategy's axis."""
     return ParallelDims.from_config(cfg, PARALLELISMS[cfg.strategy].axis, device_type)
 
 
 def checkpoint_layout(cfg: TrainConfig) -> str:
-    """"dcp" when a configured parallelism shards parameters, else "torch_save"."""
-    names = [cfg.strategy] + (["tp"] if cfg.tp_degree > 1 else [])
+    """"dcp" when a configured parallelism splits the parameters, else "torch_save"."""
+    names = [cfg.strategy] + (["tp"] if cfg.tp_degree > 1 else []) + (["pp"] if cfg.pp_degree > 1 else [])
     return "dcp" if any(PARALLELISMS[name].sharded for name in names) else "torch_save"
 
 

@@ -11,18 +11,22 @@ each stage idles for (P-1)/(M+P-1) of the step.
 Proven on gloo: tests/distributed/test_pipeline.py trains the same steps as one process.
 """
 
-# --8<-- [start:imports]
 from __future__ import annotations
 
+# --8<-- [start:imports]
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 # --8<-- [end:imports]
 
-from reference_impl.model import loss_fn
+from reference_impl.config import TrainConfig
+from reference_impl.model import loss_fn, run_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -38,43 +42,97 @@ def stage_layers(n_layers: int, pp_degree: int, stage: int) -> range:
 
 
 class Stage(nn.Module):
-    """One pipeline stage: the first adds the embeddings, the last the norm and the head."""
+    """One pipeline stage: the first adds the embeddings, the last the norm and the head.
 
-    def __init__(self, model: nn.Module, stage: int, pp_degree: int) -> None:
+    Blocks keep their index in the whole model (`blocks.2` stays `blocks.2` on the second
+    stage), so every stage's state dict uses the whole model's names: a checkpoint written
+    by the stages together restores into any other number of stages, or none.
+    """
+
+    def __init__(self, model: nn.Module, stage: int, pp_degree: int,
+                 autocast_dtype: torch.dtype | None = None) -> None:
         """Take stage `stage` of `pp_degree` from a `TinyTransformer` built on every rank."""
         super().__init__()
         self.first, self.last = stage == 0, stage == pp_degree - 1
+        self.autocast_dtype, self.checkpoint_blocks = autocast_dtype, model.checkpoint_blocks
         # Shared modules, not copies: every rank built the same seeded model and keeps its part.
         self.embed, self.pos = (model.embed, model.pos) if self.first else (None, None)
-        self.blocks = nn.ModuleList(model.blocks[i] for i in stage_layers(len(model.blocks), pp_degree, stage))
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i]
+                                     for i in stage_layers(len(model.blocks), pp_degree, stage)})
         self.norm, self.head = (model.norm, model.head) if self.last else (None, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.first:  # x holds token ids
-            x = self.embed(x) + self.pos[: x.shape[1]]
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x)) if self.last else x
+        # Autocast here, not around the schedule: the schedule also runs the backward pass.
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            if self.first:  # x holds token ids
+                x = self.embed(x) + self.pos[: x.shape[1]]
+            x = run_blocks(self.blocks.values(), x, recompute=self.checkpoint_blocks and self.training)
+            return self.head(self.norm(x)) if self.last else x
 # --8<-- [end:stage]
 
 
-def build_schedule(stage: Stage, index: int, pp_degree: int, microbatches: int, kind: str,
-                   device: torch.device, group: dist.ProcessGroup | None = None):  # noqa: ANN201
-    """The schedule that drives this rank's stage; the loss is averaged over micro-batches."""
+def split(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> Stage:
+    """This rank's stage of `model`: the wrap function of the `pp` mesh axis.
+
+    Every rank builds the whole model first and keeps one stage of it; the rest is freed
+    when the caller drops the model. (A model too large for one device would be built on
+    the meta device and only its stage materialised.)
+    """
+    return Stage(model, mesh.get_local_rank(), mesh.size(),
+                 autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
+
+
+def build_schedule(stage: nn.Module, index: int, pp_degree: int, microbatches: int, kind: str,
+                   device: torch.device, group: dist.ProcessGroup | None = None,
+                   loss_divisor: int | None = None):  # noqa: ANN201
+    """The schedule that drives this rank's stage (its `Stage`, or a DDP/FSDP2 wrapper of it).
+
+    Each micro-batch's loss is divided by `loss_divisor` (default: `microbatches`), so the
+    gradients the schedule accumulates are those of the mean loss over everything divided
+    (every pipeline micro-batch of every accumulated micro-batch), as in one process.
+    """
     if kind not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} (got {kind!r})")
     if microbatches < pp_degree:  # fewer would leave a stage with nothing to do at all
         raise ValueError(f"microbatches ({microbatches}) must be at least pp_degree ({pp_degree})")
+    divisor = loss_divisor or microbatches
     pipe_stage = PipelineStage(stage, index, pp_degree, device, group=group)
-    # scale_grads: each micro-batch's gradient is divided by M, so their sum is the
-    # gradient of the mean loss over the whole batch, as in one process.
-    return SCHEDULES[kind](pipe_stage, n_microbatches=microbatches, loss_fn=loss_fn, scale_grads=True)
+    # Scaling the loss, not the gradients: the schedule's own gradient scaling divides every
+    # gradient the stage holds, which would shrink the ones accumulated in earlier steps again.
+    return SCHEDULES[kind](pipe_stage, n_microbatches=microbatches, scale_grads=False,
+                           loss_fn=lambda output, target: loss_fn(output, target) / divisor)
+
+
+@dataclass
+class Pipeline:
+    """This rank's place in its pipeline, and the schedule that runs its stage.
+
+    Attributes:
+        schedule: The `torch.distributed.pipelining` schedule over this rank's stage.
+        stage: This rank's stage index (its coordinate on the pp axis).
+        degree: Stages in the pipeline.
+        group: The process group of this rank's pipeline.
+    """
+
+    schedule: Any
+    stage: int
+    degree: int
+    group: dist.ProcessGroup
+
+
+def build_pipeline(stage: nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device: torch.device) -> Pipeline:
+    """The pipeline of the wrapped `stage` over `mesh` (the pp axis of this rank)."""
+    index, degree, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
+    schedule = build_schedule(stage, index, degree, cfg.pipeline_microbatches, cfg.pp_schedule, device, group,
+                              loss_divisor=cfg.pipeline_microbatches * cfg.grad_accum_steps)
+    return Pipeline(schedule, index, degree, group)
 
 
 # --8<-- [start:pipeline_step]
 def pipeline_step(schedule, index: int, pp_degree: int, tokens: torch.Tensor,  # noqa: ANN001
                   targets: torch.Tensor) -> torch.Tensor | None:
-    """Forward and backward of one batch through the pipeline; the last stage returns the loss.
+    """Forward and backward of one batch through the pipeline; the last stage returns the
+    sum of its micro-batches' (divided) losses, the others None.
 
     Only the first stage feeds inputs and only the last sees targets: the ranks in
     between receive activations from the previous stage and gradients from the next.
@@ -86,27 +144,8 @@ def pipeline_step(schedule, index: int, pp_degree: int, tokens: torch.Tensor,  #
         schedule.step(*([tokens] if pp_degree == 1 else []), target=targets, losses=losses)
     else:
         schedule.step()
-    return torch.stack(losses).mean() if losses else None
+    return torch.stack(losses).sum() if losses else None
 # --8<-- [end:pipeline_step]
-
-
-def clip_grad_norm_(parameters: list[nn.Parameter], max_norm: float,
-                    group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """Clip by the norm over every stage's gradients: each rank holds only its own stage's."""
-    grads = [p.grad for p in parameters if p.grad is not None]
-    squared = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
-    if dist.is_initialized():
-        dist.all_reduce(squared, group=group)
-    total = squared.sqrt()
-    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(scale.to(g.dtype))
-    return total
-
-
-def stage_parameters(stage: Stage) -> list[nn.Parameter]:
-    """The parameters this rank owns and steps (its optimizer's parameters)."""
-    return [p for p in stage.parameters() if p.requires_grad]
 
 
 # --8<-- [start:bubble]

@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.lr_scheduler import LambdaLR
@@ -18,6 +19,9 @@ from torch.utils.data import DataLoader
 from reference_impl.data import ResumableDistributedSampler, Sample
 from reference_impl.mesh import ParallelDims
 
+if TYPE_CHECKING:
+    from reference_impl.pipeline import Pipeline
+
 # A part's key in train.pt, to its name in `--resume-skip` where the two differ.
 RESUME_NAMES = {"sampler": "data"}
 
@@ -26,8 +30,9 @@ RESUME_NAMES = {"sampler": "data"}
 class TrainState:
     """Everything the loop mutates; a checkpoint must capture all of it to resume exactly.
 
-    `mesh` is the exception: how the ranks split the work, fixed for the run, read by the
-    sampler's construction, the model wrappers and the checkpoint.
+    `mesh` and `pipeline` are the exceptions, fixed for the run: how the ranks split the
+    work (read by the sampler's construction, the model wrappers and the checkpoint), and,
+    under pipeline parallel, the schedule that runs this rank's stage (`model`).
     """
 
     model: nn.Module
@@ -37,6 +42,7 @@ class TrainState:
     sampler: ResumableDistributedSampler
     loader: DataLoader[Sample]
     mesh: ParallelDims
+    pipeline: Pipeline | None = None
     step: int = 0
     preempted: bool = False
 
@@ -51,23 +57,48 @@ class TrainState:
         return {"scheduler": self.scheduler, "scaler": self.scaler, "sampler": self.sampler}
 
 
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+               pp_group: dist.ProcessGroup | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Unsharded model and optimizer state keyed by parameter name, on the CPU.
 
     Works for plain modules, DDP and FSDP2 alike. Under FSDP2 this gathers shards, so
-    every rank must call it; only rank 0 receives the values.
+    every rank must call it; only rank 0 receives the values. Under pipeline parallel,
+    `pp_group` is the rank's pipeline: its stages' states are merged into the whole
+    model's, on every rank of it.
     """
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_state_dict(model, optimizer, options=options)
+    if pp_group is None:
+        return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # No CPU offload: it would keep the values on global rank 0 alone, not on each stage.
+    mine = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    mine = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), mine)
+    stages: list[Any] = [None] * dist.get_world_size(pp_group)
+    dist.all_gather_object(stages, mine, group=pp_group)
+    return merge_stages(stages)
 
 
-def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+def merge_stages(stages: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One model and optimizer state from the stages' states, in stage order.
+
+    Parameter names are already the whole model's (`reference_impl.pipeline.Stage`); each
+    optimizer param group lists the stages' parameters one stage after another, which is
+    the whole model's parameter order.
+    """
+    model_sd = {k: v for model_part, _ in stages for k, v in model_part.items()}
+    optim_state = {k: v for _, optim_part in stages for k, v in optim_part["state"].items()}
+    groups = [{**same[0], "params": [name for group in same for name in group["params"]]}
+              for same in zip(*(optim_part["param_groups"] for _, optim_part in stages))]
+    return model_sd, {"state": optim_state, "param_groups": groups}
+
+
+def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer,
+                 pp_group: dist.ProcessGroup | None = None) -> str:
     """sha256 over every parameter and optimizer-state value in sorted-key order.
 
     Two runs that should be bit-identical print the same digest; a single flipped bit
-    in any weight or Adam moment changes it. Collective under FSDP2 (see `full_state`).
+    in any weight or Adam moment changes it. Collective under FSDP2 and pipeline
+    parallel (see `full_state`).
     """
-    model_sd, optim_sd = full_state(model, optimizer)
+    model_sd, optim_sd = full_state(model, optimizer, pp_group)
     h = hashlib.sha256()
     _update(h, "model", model_sd)
     _update(h, "optim", optim_sd)

@@ -1,4 +1,5 @@
-"""One optimizer step: gradient accumulation, autocast, loss scaling and clipping."""
+"""One optimizer step: gradient accumulation, autocast, loss scaling and clipping, for a
+whole model (`train_step`) or one pipeline stage (`pipeline_train_step`)."""
 
 # --8<-- [start:imports]
 from __future__ import annotations
@@ -7,7 +8,9 @@ import math
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 # --8<-- [end:imports]
 
@@ -16,6 +19,7 @@ from reference_impl.data import Sample
 from reference_impl.metrics import PhaseTimer
 from reference_impl.model import loss_fn
 from reference_impl.parallel import gradient_sync
+from reference_impl.pipeline import Pipeline, pipeline_step
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -79,11 +83,21 @@ def train_step(model: nn.Module, batches: Iterator[Sample], optimizer: torch.opt
                 (scaler.scale(loss) if scaler else loss).backward()
         total_loss += loss.detach()
         indices.append(idx)
+    optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
+    return total_loss, indices
+# --8<-- [end:train_step]
+
+
+# --8<-- [start:optimizer_step]
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR,
+                   scaler: torch.amp.GradScaler | None, cfg: TrainConfig, timer: PhaseTimer,
+                   pp_group: dist.ProcessGroup | None = None) -> None:
+    """Unscale, clip, step, advance the schedule and drop the gradients."""
     with timer.phase("optimizer"):
         if scaler:
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            clip_gradients(list(model.parameters()), cfg.grad_clip, pp_group)
         if scaler:
             scaler.step(optimizer)  # skipped when the unscaled gradients hold inf/NaN
             scaler.update()
@@ -91,5 +105,55 @@ def train_step(model: nn.Module, batches: Iterator[Sample], optimizer: torch.opt
             optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+# --8<-- [end:optimizer_step]
+
+
+# --8<-- [start:clip_gradients]
+def clip_gradients(parameters: list[nn.Parameter], max_norm: float,
+                   pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Scale the gradients so that their global norm is at most `max_norm`; return the norm.
+
+    Each pipeline stage holds only its own parameters' gradients, so the stages add their
+    squared norms over `pp_group` first: every stage then scales by the same factor, the
+    one a single process holding the whole model would use.
+    """
+    if pp_group is None:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    if isinstance(norm, DTensor):  # FSDP2 shards within a stage: the stage's whole norm
+        norm = norm.full_tensor()
+    squared = norm.pow(2)
+    dist.all_reduce(squared, group=pp_group)
+    norm = squared.sqrt()
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    return norm
+# --8<-- [end:clip_gradients]
+
+
+# --8<-- [start:pipeline_train_step]
+def pipeline_train_step(pipeline: Pipeline, model: nn.Module, batches: Iterator[Sample],
+                        optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: TrainConfig,
+                        device: torch.device, timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`train_step` for one pipeline stage: the schedule runs forward and backward of every
+    pipeline micro-batch, then each stage steps its own parameters.
+
+    Every stage reads the same micro-batches (the first needs the tokens, the last the
+    targets). The returned loss is the mean over the step on every stage: the last stage
+    computed it and sends it to the others.
+    """
+    total_loss = torch.zeros((), device=device)
+    indices = []
+    for _ in range(cfg.grad_accum_steps):
+        with timer.phase("data", host=True):
+            x, y, idx = next(batches)
+        with timer.phase("h2d"):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with timer.phase("pipeline"):  # forward and backward, interleaved by the schedule
+            loss = pipeline_step(pipeline.schedule, pipeline.stage, pipeline.degree, x, y)
+        if loss is not None:
+            total_loss += loss.detach()
+        indices.append(idx)
+    dist.broadcast(total_loss, group=pipeline.group, group_src=pipeline.degree - 1)
+    optimizer_step(model, optimizer, scheduler, None, cfg, timer, pipeline.group)
     return total_loss, indices
-# --8<-- [end:train_step]
+# --8<-- [end:pipeline_train_step]

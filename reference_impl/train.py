@@ -32,7 +32,9 @@ from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import dims_of, wrap_model
 from reference_impl.state import TrainState, state_digest
-from reference_impl.step import build_optimizer, build_scaler, build_scheduler, train_step
+from reference_impl.pipeline import build_pipeline
+from reference_impl.step import (build_optimizer, build_scaler, build_scheduler, pipeline_train_step,
+                                 train_step)
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
@@ -46,7 +48,7 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     """Model, optimizer, schedule, scaler and data pipeline for this rank.
 
     The sampler shards the data over the data-parallel ranks only: the ranks of one
-    tensor-parallel group read the same samples.
+    tensor-parallel group, and the stages of one pipeline, read the same samples.
     """
     dataset, mesh = build_dataset(cfg), dims_of(cfg, ctx.device.type)
     dp_rank = mesh.dp_rank(ctx.rank)
@@ -57,10 +59,11 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     loader = DataLoader(dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
                         num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda",
                         generator=torch.Generator().manual_seed(cfg.seed + dp_rank))
-    model = wrap_model(build_model(cfg), cfg, ctx, mesh)
+    model = wrap_model(build_model(cfg), cfg, ctx, mesh)  # under pipeline parallel: this rank's stage
+    pipeline = build_pipeline(model, mesh.device_mesh["pp"], cfg, ctx.device) if mesh.pp > 1 else None
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),
-                      build_scaler(cfg, ctx.device), sampler, loader, mesh)
+                      build_scaler(cfg, ctx.device), sampler, loader, mesh, pipeline)
 
 
 class SampleLog:
@@ -158,8 +161,12 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                 if state.step >= cfg.max_steps:  # a restore at or past the end trains nothing
                     break
                 faults.before_step(state.step + 1)
-                loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
-                                           state.scaler, cfg, ctx.device, timer)
+                if state.pipeline:
+                    loss, indices = pipeline_train_step(state.pipeline, state.model, batches, state.optimizer,
+                                                        state.scheduler, cfg, ctx.device, timer)
+                else:
+                    loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
+                                               state.scaler, cfg, ctx.device, timer)
                 nonfinite = nonfinite.logical_or(~loss.isfinite()).float()
                 state.sampler.commit(cfg.global_batch_size)  # trained, not merely prefetched
                 state.step += 1
@@ -284,7 +291,7 @@ def run(cfg: TrainConfig) -> int:
                          checkpointed=bool(cfg.checkpoint_dir))
             return PREEMPTED_EXIT
         try:
-            digest = state_digest(state.model, state.optimizer)
+            digest = state_digest(state.model, state.optimizer, state.mesh.group("pp"))
         except Exception as exc:
             log.error("state_digest", exc)
             raise

@@ -153,9 +153,22 @@ TP_ERRORS = [
     (["--tp-degree", "2", "--model", "transformer", "--n-heads", "1"], "2", "must divide n_heads (1)"),
     (["--tp-degree", "2", "--model", "transformer"], "4", "needs --strategy fsdp"),
 ]
+PP = ["--model", "transformer", "--pp-degree", "2"]
+PP_ERRORS = [
+    (PP, "3", "pp_degree (2) x tp_degree (1) must divide the world size (3)"),
+    (["--pp-degree", "2"], "2", "pp_degree above 1 needs --model transformer"),
+    ([*PP, "--n-layers", "1"], "2", "pp_degree (2) must not exceed n_layers (1)"),
+    ([*PP, "--pp-microbatches", "1"], "2", "pp_microbatches (1) must be at least pp_degree (2)"),
+    ([*PP, "--pp-microbatches", "3", "--micro-batch-size", "8"], "2",
+     "pp_microbatches (3) must divide micro_batch_size (8)"),
+    ([*PP, "--precision", "fp16"], "2", "needs --precision fp32 or bf16"),
+    ([*PP, "--tp-degree", "2", "--strategy", "fsdp"], "4", "pp_degree and tp_degree cannot both be above 1"),
+    (["--pp-microbatches", "4"], "1", "pp_microbatches needs --pp-degree above 1"),
+    (PP, "4", "pipeline stages with more than one data-parallel rank need --strategy fsdp"),
+]
 
 
-@pytest.mark.parametrize("flags,world,message", TP_ERRORS)
+@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS)
 def test_a_mesh_that_does_not_fit_is_a_config_error(flags: list[str], world: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig.from_cli(flags, {"WORLD_SIZE": world})
@@ -165,6 +178,11 @@ def test_tensor_parallel_ranks_share_their_samples_in_the_global_batch() -> None
     flags = ["--strategy", "fsdp", "--model", "transformer", "--tp-degree", "2", "--micro-batch-size", "8"]
     cfg = TrainConfig.from_cli(flags, {"WORLD_SIZE": "4"})
     assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
+
+
+def test_pipeline_stages_share_their_samples_and_default_to_one_micro_batch_each() -> None:
+    cfg = TrainConfig.from_cli([*PP, "--strategy", "fsdp", "--micro-batch-size", "8"], {"WORLD_SIZE": "4"})
+    assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16 and cfg.pipeline_microbatches == 2
 
 
 def test_a_bad_mesh_exits_2_under_torchrun_before_rendezvous() -> None:

@@ -1,15 +1,38 @@
-"""Pipeline parallelism (reference_impl.pipeline): the stages partition the model, and two
-ranks fed micro-batches by GPipe or 1F1B train exactly the steps one process trains."""
+"""Pipeline parallelism in the trainer (`--pp-degree`), under real torchrun on gloo.
+
+The stages of one pipeline read the same samples and each steps only its own blocks, so
+two stages on two ranks train the same global batch as one process: the same losses up to
+rounding, under GPipe and 1F1B, with gradient accumulation and clipping active.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from launch import REPO, torchrun
+from launch import Run, python_module, torchrun
+from reference_impl.config import TrainConfig
+from reference_impl.data import ResumableDistributedSampler
 from reference_impl.model import build_model
-from reference_impl.pipeline import Stage, stage_layers, stage_parameters
-from pp_driver import CFG
+from reference_impl.pipeline import Stage, stage_layers
+from reference_impl.state import _update, full_state, merge_stages
+from sample_logs import losses, rank_log, trained_by_step
+
+# 3 blocks over 2 stages (2 + 1); 8 samples per micro-batch in 4 pipeline micro-batches, 2
+# micro-batches accumulated; a clipping threshold low enough to clip every step.
+BASE = ["--model", "transformer", "--n-layers", "3", "--dataset-size", "512", "--warmup-steps", "2",
+        "--log-every", "1", "--grad-clip", "0.05", "--pg-timeout-s", "60"]
+COMMON = [*BASE, "--micro-batch-size", "8", "--grad-accum-steps", "2"]
+PP2 = [*COMMON, "--pp-degree", "2", "--pp-microbatches", "4", "--checkpoint-every", "6", "--max-steps", "12"]
+ONE = [*COMMON, "--checkpoint-every", "6", "--max-steps", "12"]  # the same global batch of 16
+TOL = 1e-5
+CFG = TrainConfig(model="transformer", n_layers=4, d_model=32, n_heads=4, hidden_dim=64, seq_len=16,
+                  vocab_size=32, dataset_size=256, micro_batch_size=8)
 
 
 @pytest.mark.parametrize("n_layers,pp_degree", [(4, 2), (5, 2), (7, 3), (4, 4), (3, 1)])
@@ -19,10 +42,13 @@ def test_stages_cover_every_block_once_in_order(n_layers: int, pp_degree: int) -
     assert blocks == list(range(n_layers)) and max(sizes) - min(sizes) <= 1
 
 
-def test_the_stages_partition_the_parameters() -> None:
+def test_the_stages_partition_the_parameters_under_the_whole_models_names() -> None:
     model = build_model(CFG)
-    owned = [id(p) for s in range(3) for p in stage_parameters(Stage(model, s, 3))]
+    stages = [Stage(model, s, 3) for s in range(3)]
+    owned = [id(p) for stage in stages for p in stage.parameters()]
     assert sorted(owned) == sorted(id(p) for p in model.parameters()), "each parameter in exactly one stage"
+    names = [name for stage in stages for name in stage.state_dict()]
+    assert names == list(model.state_dict()), "a stage's names are the whole model's, in its order"
 
 
 def test_one_stage_is_the_whole_model() -> None:
@@ -31,13 +57,146 @@ def test_one_stage_is_the_whole_model() -> None:
     assert torch.equal(Stage(model, 0, 1)(tokens), model(tokens))
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
-def test_two_stages_train_the_same_steps_as_one_process(schedule: str) -> None:
-    run = torchrun([schedule, "4", "6"], module=str(REPO / "tests" / "distributed" / "pp_driver.py"), timeout=120)
+def test_a_bf16_stage_computes_what_the_autocast_model_does() -> None:
+    model = build_model(CFG)
+    tokens = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(tokens)
+    got = Stage(model, 0, 1, autocast_dtype=torch.bfloat16)(tokens)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, expected)
+
+
+def test_the_stages_states_merge_into_the_whole_models() -> None:
+    """What `state_digest` hashes under pipeline parallel: the stages' model and optimizer
+    states, merged, are the whole model's (names, values, param-group order)."""
+    model = build_model(CFG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, CFG.vocab_size, (2, CFG.seq_len))
+    model(tokens).sum().backward()
+    optimizer.step()
+    parts = []
+    for s in range(2):
+        stage = Stage(model, s, 2)  # the same Parameter objects, so the same Adam state
+        stage_optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-2)
+        for p in stage.parameters():
+            stage_optimizer.state[p] = optimizer.state[p]
+        parts.append(get_state_dict(stage, stage_optimizer, options=StateDictOptions(full_state_dict=True)))
+    whole, merged = hashlib.sha256(), hashlib.sha256()
+    for h, (model_sd, optim_sd) in ((whole, full_state(model, optimizer)), (merged, merge_stages(parts))):
+        _update(h, "model", model_sd)
+        _update(h, "optim", optim_sd)
+    assert merged.hexdigest() == whole.hexdigest()
+
+
+def pp_run(ckpt: Path, *flags: str, args: list[str] = PP2, nproc: int = 2, restarts: int = 0) -> Run:
+    run = torchrun([*args, "--checkpoint-dir", str(ckpt), *flags], nproc=nproc, max_restarts=restarts,
+                   timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
-    steps = [e for e in run.events if "pipeline" in e]
-    assert [e["step"] for e in steps] == list(range(1, 7))
-    worst = max(abs(e["pipeline"] - e["single"]) for e in steps)
-    assert worst <= 1e-5, f"pipeline and single-process losses differ by up to {worst}"
-    assert steps[-1]["single"] < steps[0]["single"], "and it learns"
+    return run
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path, Path]:
+    """An uninterrupted 1F1B run on 2 stages, 12 steps (checkpoints at 6 and 12), with its sample log."""
+    root = tmp_path_factory.mktemp("pp_reference")
+    run = pp_run(root / "ckpt", "--sample-log", str(root / "samples"))
+    return run, root / "ckpt", root / "samples"
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The same 12 steps in one process."""
+    run = python_module([*ONE, "--checkpoint-dir", str(tmp_path_factory.mktemp("pp_single"))], timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.distributed
+def test_two_stages_under_1f1b_match_one_process(reference: tuple[Run, Path, Path], single: Run) -> None:
+    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 1}
+    assert len(losses(reference[0])) == 12
+    assert losses(reference[0]) == pytest.approx(losses(single), abs=TOL)
+    assert losses(single)[-1] < losses(single)[0], "and it learns"
+
+
+@pytest.mark.distributed
+def test_two_stages_under_gpipe_match_one_process(single: Run, tmp_path: Path) -> None:
+    run = pp_run(tmp_path, "--pp-schedule", "gpipe")
+    assert losses(run) == pytest.approx(losses(single), abs=TOL)
+
+
+@pytest.mark.distributed
+def test_two_stages_in_bf16_train_like_one_process_in_bf16(tmp_path: Path) -> None:
+    """Each stage autocasts its own forward (the schedule runs the backward too, outside it);
+    bf16 activations cross between the stages."""
+    flags = ["--precision", "bf16", "--max-steps", "6"]
+    run = pp_run(tmp_path / "pp", *flags, args=PP2[:-2])
+    one = python_module([*ONE[:-2], *flags, "--checkpoint-dir", str(tmp_path / "one")], timeout=120)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert len(losses(run)) == 6
+    assert losses(run) == pytest.approx(losses(one), abs=1e-3)  # bf16 rounds each split differently
+
+
+@pytest.mark.distributed
+def test_the_stages_of_one_pipeline_read_the_same_samples(reference: tuple[Run, Path, Path]) -> None:
+    rank0, rank1 = rank_log(reference[2], 0), rank_log(reference[2], 1)
+    assert sorted(rank0) == list(range(1, 13))
+    assert rank0 == rank1, "the first stage's tokens and the last stage's targets come from the same samples"
+    assert all(len(indices) == 16 for indices in rank0.values()), "each reads the whole global batch"
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_sigkill_under_pp_resumes_bit_exactly(reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
+    run = pp_run(tmp_path, "--fail-at-step", "9", "--fail-rank", "1", restarts=1)
+    assert [e["step"] for e in run.of("checkpoint_restored")] == [6]
+    assert run.digest() == reference[0].digest()
+
+
+@pytest.mark.distributed
+def test_a_pp_checkpoint_restores_on_one_rank_with_exactly_once_data(
+        reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
+    """Resume the two stages' step-6 checkpoint in one process: DCP finds every block under
+    its whole-model name, the next 6 steps repeat the pipeline's losses, and the 12 steps
+    trained every sample of the first 12 global batches exactly once."""
+    ckpt, log = tmp_path / "ckpt", tmp_path / "samples"
+    ckpt.mkdir()
+    shutil.copytree(reference[1] / "step-00000006", ckpt / "step-00000006")
+    shutil.copytree(reference[2], log)
+    one = python_module([*ONE, "--checkpoint-dir", str(ckpt), "--sample-log", str(log)], timeout=120)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert one.of("checkpoint_restored")[0]["step"] == 6
+    assert losses(one) == pytest.approx(losses(reference[0])[6:], abs=TOL)
+    by_step = trained_by_step(log, ranks=[0])  # rank 1 was the other stage: the same samples
+    assert sorted(by_step) == list(range(1, 13))
+    assert sorted(rank_log(log, 1)) == list(range(1, 7)), "the departed rank's replayed steps were cut"
+    trained = [i for step in sorted(by_step) for i in by_step[step]]
+    assert len(trained) == len(set(trained)) == 12 * 16, "no sample twice, none skipped"
+    perm = ResumableDistributedSampler(512, world_size=1, rank=0, global_batch_size=16).epoch_permutation()
+    assert trained == perm[:192].tolist(), "the first 12 global batches of the epoch, in order"
+
+
+PP_FSDP = [*BASE, "--micro-batch-size", "4", "--grad-accum-steps", "2", "--pp-degree", "2",
+           "--pp-microbatches", "2", "--strategy", "fsdp", "--checkpoint-every", "4", "--max-steps", "8"]
+# 2 pipelines x 2 data-parallel ranks x 4 samples x 2 micro-batches: 16, as in ONE
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_pipelines_of_fsdp_stages_on_a_two_by_two_mesh(tmp_path: Path) -> None:
+    """pp=2 x dp_shard=2 (4 ranks): each stage sharded by FSDP2 over its data-parallel pair;
+    the losses of one process within 1e-5, stages of a pipeline share samples and the two
+    pipelines read disjoint ones, and a SIGKILL resumes bit for bit."""
+    run = pp_run(tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), args=PP_FSDP, nproc=4)
+    assert run.of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 1}
+    one_flags = [*COMMON, "--max-steps", "8", "--checkpoint-dir", str(tmp_path / "one")]
+    one = python_module(one_flags, timeout=120)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert losses(run) == pytest.approx(losses(one), abs=TOL)
+    logs = [rank_log(tmp_path / "samples", r) for r in range(4)]
+    assert logs[0] == logs[2] and logs[1] == logs[3], "ranks r and r+2 are one pipeline's two stages"
+    assert all(not set(logs[0][s]) & set(logs[1][s]) and len(logs[0][s]) == 8 for s in logs[0])
+    killed = pp_run(tmp_path / "killed", "--fail-at-step", "6", "--fail-rank", "3", args=PP_FSDP, nproc=4,
+                    restarts=1)
+    assert [e["step"] for e in killed.of("checkpoint_restored")] == [4]
+    assert killed.digest() == run.digest()

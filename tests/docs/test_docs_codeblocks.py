@@ -84,31 +84,37 @@ def _method_of_a_class(module_ns: dict[str, object], name: str, path: str) -> ob
 
 
 def _run_slice(block: support.DocBlock, code: str) -> None:
-    (path, _section), *_ = block.includes
-    assert {p for p, _ in block.includes} == {path}, f"{block.id}: a slice shows sections of one module"
-    module = importlib.import_module(support.module_name(path))
-    module_ns = vars(module)
-    namespace = dict(module_ns)
-    # Compile with the module's own `from __future__ import annotations`, if it has one.
-    flags = __future__.annotations.compiler_flag if namespace.get("annotations") is __future__.annotations else 0
-    exec(compile(code, block.id, "exec", flags=flags, dont_inherit=True), namespace)  # noqa: S102
+    """Run a block made of module sections in those modules' namespaces, and check that
+    every import, definition and assignment it shows is the modules' own."""
+    paths = list(dict.fromkeys(path for path, _ in block.includes))
+    modules = [vars(importlib.import_module(support.module_name(path))) for path in paths]
+    namespace: dict[str, object] = {}
+    for module_ns in modules:
+        namespace.update(module_ns)
+    # Compile with the modules' own `from __future__ import annotations`, if they have it.
+    future = any(ns.get("annotations") is __future__.annotations for ns in modules)
+    exec(compile(code, block.id, "exec", flags=__future__.annotations.compiler_flag if future else 0,  # noqa: S102
+                 dont_inherit=True), namespace)
+    where = " or ".join(paths)
 
-    # What ran is what the module holds: nothing shown that the module lacks, nothing redefined.
-    source = (support.ROOT / path).read_text(encoding="utf-8")
-    module_lines = {line.strip() for line in source.splitlines()}
+    # What ran is what the modules hold: nothing shown that they lack, nothing redefined.
+    module_lines = {line.strip() for path in paths
+                    for line in (support.ROOT / path).read_text(encoding="utf-8").splitlines()}
     foreign = [line for line in code.splitlines() if line.strip() and line.strip() not in module_lines]
-    assert not foreign, f"{block.id}: shows lines that {path} does not have: {foreign[:3]}"
+    assert not foreign, f"{block.id}: shows lines that {where} does not have: {foreign[:3]}"
     shown = textwrap.dedent(code)
     for node in ast.parse(shown).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 name = alias.asname or alias.name.split(".")[0]
                 if name != "annotations" or not isinstance(node, ast.ImportFrom) or node.module != "__future__":
-                    assert namespace[name] is module_ns.get(name), (
-                        f"{block.id}: `{name}` is imported differently from {path}")
+                    assert any(namespace[name] is ns.get(name) for ns in modules), (
+                        f"{block.id}: `{name}` is imported differently from {where}")
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            target = module_ns.get(node.name) or _method_of_a_class(module_ns, node.name, path)
-            assert target is not None, f"{block.id}: defines {node.name}, which {path} does not have"
+            targets = [ns.get(node.name) or _method_of_a_class(ns, node.name, path)
+                       for ns, path in zip(modules, paths)]
+            target = next((t for t in targets if t is not None), None)
+            assert target is not None, f"{block.id}: defines {node.name}, which {where} does not have"
             # A section may end inside a class (the rest of it is elided), but what it shows is
             # the module's definition from its first decorator on, line for line.
             own = _without_markers(textwrap.dedent(inspect.getsource(target))).strip()
@@ -116,13 +122,14 @@ def _run_slice(block: support.DocBlock, code: str) -> None:
             as_shown = "\n".join(shown.splitlines()[first - 1: node.end_lineno])
             as_shown = _without_markers(as_shown).strip()
             assert own.startswith(as_shown), (
-                f"{block.id}: `{node.name}` as shown is not the start of {path}'s `{node.name}`")
+                f"{block.id}: `{node.name}` as shown is not the start of {where}'s `{node.name}`")
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for name in (n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)):
-                assert name in module_ns, f"{block.id}: assigns {name}, which {path} does not have"
+                owner = next((ns for ns in modules if name in ns), None)
+                assert owner is not None, f"{block.id}: assigns {name}, which {where} does not have"
                 with contextlib.suppress(Exception):  # values without a usable == are only checked by name
-                    assert bool(namespace[name] == module_ns[name]), f"{block.id}: {name} differs from {path}'s"
+                    assert bool(namespace[name] == owner[name]), f"{block.id}: {name} differs from {where}'s"
 
 
 def _run_python(block: support.DocBlock, code: str) -> str:
