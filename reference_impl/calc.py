@@ -243,6 +243,41 @@ def tp_comm(*, seq_len: int, micro_batch: int, hidden: int, n_layers: int, tp_de
             "bytes_per_microbatch": layers * per_layer, "time_s": layers * per_layer / bandwidth}
 
 
+def pp_comm(*, seq_len: int, micro_batch: int, hidden: int, stages: int, bandwidth_bytes_per_s: float,
+            activation_bytes: float = 2) -> dict[str, float]:
+    """Bytes a pipeline sends between its stages, per micro-batch (point to point).
+
+    Each stage boundary carries the micro-batch's activations forward (`seq_len x
+    micro_batch x hidden` elements, however many pipeline micro-batches they are cut into)
+    and their gradient back, the same size. A stage inside the pipeline sends both; the
+    first sends only activations and the last only gradients. The volume does not grow
+    with the number of layers, which is why pipeline stages can sit on different nodes.
+
+    Args:
+        seq_len: Tokens per sequence.
+        micro_batch: Sequences per micro-batch.
+        hidden: Hidden size of the model.
+        stages: Pipeline stages p, at least 2.
+        bandwidth_bytes_per_s: Bytes per second each rank sends (often the network across nodes).
+        activation_bytes: Bytes per activation element (2 for bf16).
+
+    Returns:
+        `boundary_bytes` (one direction across one boundary), `bytes_per_rank` (the most
+        a stage sends), `total_bytes` (all boundaries, both directions) and `time_s` (the
+        busiest stage's sends, not overlapped).
+
+    Raises:
+        ValueError: A non-positive size or bandwidth, or fewer than 2 stages.
+    """
+    tokens = _count("seq_len", seq_len) * _count("micro_batch", micro_batch)
+    h, p = _count("hidden", hidden), _count("stages", stages, 2)
+    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    size = tokens * h * _positive("activation_bytes", activation_bytes)
+    per_rank = size * (2 if p > 2 else 1)
+    return {"boundary_bytes": size, "bytes_per_rank": per_rank, "total_bytes": 2 * (p - 1) * size,
+            "time_s": per_rank / bandwidth}
+
+
 def pipeline_bubble(*, stages: int, microbatches: int, interleave: int = 1) -> dict[str, float]:
     """Idle share of a pipeline-parallel step (GPipe or 1F1B, optionally interleaved).
 

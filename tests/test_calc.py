@@ -17,7 +17,8 @@ from torch import nn
 
 from reference_impl import calc
 from reference_impl.config import TrainConfig
-from reference_impl.model import MLP, TinyTransformer, flops_per_sample
+from reference_impl.model import MLP, TinyTransformer, build_model, flops_per_sample
+from reference_impl.pipeline import Stage
 
 GB = 1e9
 # A 7B-class transformer shape (the playbook's activation example).
@@ -258,6 +259,33 @@ def _simulated_gpipe_idle_fraction(stages: int, microbatches: int) -> float:
     return 1 - busy / (stages * step)
 
 
+def test_pp_comm_is_the_activation_a_trainer_stage_hands_on() -> None:
+    """The bytes across one boundary are the first stage's outputs for one micro-batch (all
+    its pipeline micro-batches together), and the gradient coming back has the same size."""
+    cfg = TrainConfig(model="transformer", n_layers=4, d_model=32, n_heads=4, seq_len=16, vocab_size=32)
+    first = Stage(build_model(cfg), 0, 2)
+    micro_batch, pieces = 8, 4
+    tokens = torch.randint(0, cfg.vocab_size, (micro_batch, cfg.seq_len))
+    sent = [first(piece) for piece in tokens.chunk(pieces)]
+    grads = torch.autograd.grad(sum(a.sum() for a in sent), sent)
+    got = calc.pp_comm(seq_len=cfg.seq_len, micro_batch=micro_batch, hidden=cfg.d_model, stages=2,
+                       bandwidth_bytes_per_s=1e9, activation_bytes=4)
+    assert sum(a.numel() * a.element_size() for a in sent) == got["boundary_bytes"]
+    assert sum(g.numel() * g.element_size() for g in grads) == got["boundary_bytes"]
+    assert got["bytes_per_rank"] == got["boundary_bytes"] and got["total_bytes"] == 2 * got["boundary_bytes"]
+
+
+def test_pp_comm_is_small_beside_tp_for_the_playbook_model() -> None:
+    """s=4096, b=1, h=8192, bf16: 64 MiB per boundary each way; TP over 8 moves 37.6 GB for
+    80 layers per micro-batch: 280 times what a middle pipeline stage sends."""
+    pp = calc.pp_comm(seq_len=4096, micro_batch=1, hidden=8192, stages=8, bandwidth_bytes_per_s=50e9)
+    tp = calc.tp_comm(seq_len=4096, micro_batch=1, hidden=8192, n_layers=80, tp_degree=8,
+                      bandwidth_bytes_per_s=400e9)
+    assert pp["boundary_bytes"] == 64 * 2 ** 20 and pp["bytes_per_rank"] == 128 * 2 ** 20
+    assert round(pp["time_s"] * 1e3, 1) == 2.7
+    assert round(tp["bytes_per_microbatch"] / pp["bytes_per_rank"]) == 280
+
+
 @pytest.mark.parametrize(("p", "m"), [(2, 1), (4, 4), (4, 16), (8, 32), (3, 7)])
 def test_pipeline_bubble_matches_a_simulated_gpipe_schedule(p: int, m: int) -> None:
     got = calc.pipeline_bubble(stages=p, microbatches=m)
@@ -353,6 +381,8 @@ BAD_INPUTS = [
     ("fsdp_comm", {"params": -1, "world_size": 4, "bandwidth_bytes_per_s": 1e9}, "params must be positive"),
     ("tp_comm", {"seq_len": 4096, "micro_batch": 1, "hidden": 8192, "n_layers": 80, "tp_degree": 1,
                  "bandwidth_bytes_per_s": 1e9}, "tp_degree must be a whole number >= 2"),
+    ("pp_comm", {"seq_len": 4096, "micro_batch": 1, "hidden": 8192, "stages": 1, "bandwidth_bytes_per_s": 1e9},
+     "stages must be a whole number >= 2"),
     ("pipeline_bubble", {"stages": 4, "microbatches": 6, "interleave": 2},
      "an interleaved schedule needs microbatches (6) to be a multiple of stages (4)"),
     ("pipeline_bubble", {"stages": 0, "microbatches": 6}, "stages must be a whole number >= 1"),

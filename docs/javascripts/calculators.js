@@ -158,6 +158,18 @@
       bytes_per_microbatch: layers * perLayer, time_s: layers * perLayer / bandwidth};
   }
 
+  function pp_comm(inputs) {
+    var x = bind("pp_comm", inputs,
+      ["seq_len", "micro_batch", "hidden", "stages", "bandwidth_bytes_per_s"], {activation_bytes: 2});
+    var tokens = count("seq_len", x.seq_len) * count("micro_batch", x.micro_batch);
+    var h = count("hidden", x.hidden), p = count("stages", x.stages, 2);
+    var bandwidth = positive("bandwidth_bytes_per_s", x.bandwidth_bytes_per_s);
+    var size = tokens * h * positive("activation_bytes", x.activation_bytes);
+    var perRank = size * (p > 2 ? 2 : 1);
+    return {boundary_bytes: size, bytes_per_rank: perRank, total_bytes: 2 * (p - 1) * size,
+      time_s: perRank / bandwidth};
+  }
+
   function pipeline_bubble(inputs) {
     var x = bind("pipeline_bubble", inputs, ["stages", "microbatches"], {interleave: 1});
     var p = count("stages", x.stages), m = count("microbatches", x.microbatches);
@@ -207,7 +219,7 @@
 
   window.handbookCalc = {
     memory: memory, ring_allreduce: ring_allreduce, fsdp_comm: fsdp_comm, tp_comm: tp_comm,
-    pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
+    pp_comm: pp_comm, pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
     step_time: step_time
   };
 
@@ -312,6 +324,22 @@
         ["allreduce_bytes", "One all-reduce", "bytes"], ["allreduces_per_layer", "All-reduces per layer", "count"],
         ["bytes_per_layer", "Sent per rank per layer", "bytes"],
         ["bytes_per_microbatch", "Sent per rank per micro-batch", "bytes"],
+        ["time_s", "Time (not overlapped)", "seconds"]
+      ]
+    },
+    pp_comm: {
+      fields: [
+        ["seq_len", "Sequence length", "number", 4096],
+        ["micro_batch", "Micro-batch (sequences)", "number", 1],
+        ["hidden", "Hidden size", "number", 8192],
+        ["stages", "Stages p", "number", 8],
+        ["bandwidth_bytes_per_s", "Bandwidth per rank (GB/s)", "number", 50, 1e9],
+        ["activation_bytes", "Bytes per activation", "number", 2]
+      ],
+      outputs: [
+        ["boundary_bytes", "Across one boundary, one way", "bytes"],
+        ["bytes_per_rank", "Sent by a middle stage", "bytes"],
+        ["total_bytes", "Whole pipeline, both ways", "bytes"],
         ["time_s", "Time (not overlapped)", "seconds"]
       ]
     },

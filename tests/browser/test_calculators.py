@@ -72,6 +72,13 @@ def _tp_comm(rng: random.Random) -> dict:
                   activation_bytes=rng.choice([1, 2, 4]))
 
 
+def _pp_comm(rng: random.Random) -> dict:
+    return _maybe(rng, {"seq_len": rng.randint(1, 131_072), "micro_batch": rng.randint(1, 64),
+                        "hidden": rng.randint(1, 65_536), "stages": rng.choice([2, 3, rng.randint(2, 128)]),
+                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                  activation_bytes=rng.choice([1, 2, 4]))
+
+
 def _pipeline_bubble(rng: random.Random) -> dict:
     stages, interleave = rng.randint(1, 64), rng.choice([1, 1, 2, 3, 4, 8])
     if interleave == 1:
@@ -103,7 +110,7 @@ def _step_time(rng: random.Random) -> dict:
 
 
 GENERATORS = {"memory": _memory, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
-              "tp_comm": _tp_comm, "pipeline_bubble": _pipeline_bubble,
+              "tp_comm": _tp_comm, "pp_comm": _pp_comm, "pipeline_bubble": _pipeline_bubble,
               "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time}
 
 

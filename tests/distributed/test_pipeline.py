@@ -126,18 +126,6 @@ def test_two_stages_under_gpipe_match_one_process(single: Run, tmp_path: Path) -
 
 
 @pytest.mark.distributed
-def test_two_stages_in_bf16_train_like_one_process_in_bf16(tmp_path: Path) -> None:
-    """Each stage autocasts its own forward (the schedule runs the backward too, outside it);
-    bf16 activations cross between the stages."""
-    flags = ["--precision", "bf16", "--max-steps", "6"]
-    run = pp_run(tmp_path / "pp", *flags, args=PP2[:-2])
-    one = python_module([*ONE[:-2], *flags, "--checkpoint-dir", str(tmp_path / "one")], timeout=120)
-    assert one.returncode == 0, one.stderr[-3000:]
-    assert len(losses(run)) == 6
-    assert losses(run) == pytest.approx(losses(one), abs=1e-3)  # bf16 rounds each split differently
-
-
-@pytest.mark.distributed
 def test_the_stages_of_one_pipeline_read_the_same_samples(reference: tuple[Run, Path, Path]) -> None:
     rank0, rank1 = rank_log(reference[2], 0), rank_log(reference[2], 1)
     assert sorted(rank0) == list(range(1, 13))
@@ -177,7 +165,7 @@ def test_a_pp_checkpoint_restores_on_one_rank_with_exactly_once_data(
 
 
 PP_FSDP = [*BASE, "--micro-batch-size", "4", "--grad-accum-steps", "2", "--pp-degree", "2",
-           "--pp-microbatches", "2", "--strategy", "fsdp", "--checkpoint-every", "4", "--max-steps", "8"]
+           "--pp-microbatches", "2", "--strategy", "fsdp", "--max-steps", "8"]
 # 2 pipelines x 2 data-parallel ranks x 4 samples x 2 micro-batches: 16, as in ONE
 
 
@@ -186,7 +174,8 @@ PP_FSDP = [*BASE, "--micro-batch-size", "4", "--grad-accum-steps", "2", "--pp-de
 def test_pipelines_of_fsdp_stages_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     """pp=2 x dp_shard=2 (4 ranks): each stage sharded by FSDP2 over its data-parallel pair;
     the losses of one process within 1e-5, stages of a pipeline share samples and the two
-    pipelines read disjoint ones, and a SIGKILL resumes bit for bit."""
+    pipelines read disjoint ones. (A SIGKILL under pipeline parallel and under FSDP2 is
+    each tested on two ranks, where it costs a third of the time.)"""
     run = pp_run(tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), args=PP_FSDP, nproc=4)
     assert run.of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 1}
     one_flags = [*COMMON, "--max-steps", "8", "--checkpoint-dir", str(tmp_path / "one")]
@@ -196,7 +185,3 @@ def test_pipelines_of_fsdp_stages_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     logs = [rank_log(tmp_path / "samples", r) for r in range(4)]
     assert logs[0] == logs[2] and logs[1] == logs[3], "ranks r and r+2 are one pipeline's two stages"
     assert all(not set(logs[0][s]) & set(logs[1][s]) and len(logs[0][s]) == 8 for s in logs[0])
-    killed = pp_run(tmp_path / "killed", "--fail-at-step", "6", "--fail-rank", "3", args=PP_FSDP, nproc=4,
-                    restarts=1)
-    assert [e["step"] for e in killed.of("checkpoint_restored")] == [4]
-    assert killed.digest() == run.digest()
