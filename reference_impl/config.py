@@ -71,8 +71,8 @@ class TrainConfig:
     """Pipeline stages per model replica (transformer only): the blocks are cut into this many
     consecutive stages, one per rank, and the ranks of one pipeline read the same samples."""
     pp_microbatches: int = 0
-    """Pipeline micro-batches each micro-batch is split into (0: pp_degree, the fewest that
-    keep every stage busy); more shrink the idle share (pp_degree-1)/(M+pp_degree-1)."""
+    """Pipeline micro-batches M each micro-batch is split into: at least pp_degree (0 means
+    pp_degree); more shrink each stage's idle share (pp_degree-1)/(M+pp_degree-1)."""
     pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
     """Pipeline order: GPipe runs every forward, then every backward; 1F1B alternates them
     once the pipeline is full, so fewer activations are held (the same idle share)."""

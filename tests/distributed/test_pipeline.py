@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from launch import Run, python_module, torchrun
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
+from reference_impl.export import export
 from reference_impl.model import build_model
 from reference_impl.pipeline import Stage, stage_layers
 from reference_impl.state import _update, full_state, merge_stages
@@ -162,6 +163,16 @@ def test_a_pp_checkpoint_restores_on_one_rank_with_exactly_once_data(
     assert len(trained) == len(set(trained)) == 12 * 16, "no sample twice, none skipped"
     perm = ResumableDistributedSampler(512, world_size=1, rank=0, global_batch_size=16).epoch_permutation()
     assert trained == perm[:192].tolist(), "the first 12 global batches of the epoch, in order"
+
+
+@pytest.mark.distributed
+def test_a_pp_checkpoint_exports_to_one_whole_model(reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
+    """`python -m reference_impl.export` merges the stages' DCP files into one state dict
+    that loads, strictly, into the whole model."""
+    source = export(reference[1], tmp_path / "model.pt")
+    assert source.name == "step-00000012"
+    model = build_model(TrainConfig.from_cli(ONE[:-4]))
+    model.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True)["model"], strict=True)
 
 
 PP_FSDP = [*BASE, "--micro-batch-size", "4", "--grad-accum-steps", "2", "--pp-degree", "2",
