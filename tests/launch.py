@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from reference_impl.launch import LaunchTimeout, Run, descendants, free_port, kill_tree, run, torchrun_command
 
 __all__ = ["REPO", "Run", "descendants", "free_port", "kill_tree", "python_module", "run_command", "spawn",
-           "torchrun"]
+           "torchrun", "train_ok"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,6 +51,14 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts
              env: dict[str, str] | None = None, module: str = "reference_impl.train") -> Run:
     """`torchrun --standalone` on a free port running `module` (or a script path) with `args`."""
     return run_command(torchrun_command(nproc, module, args, max_restarts), timeout, env)
+
+
+def train_ok(args: list[str], ckpt: Path, *flags: str, nproc: int = 2, restarts: int = 0) -> Run:
+    """The trainer under torchrun with `args`, checkpoints in `ckpt` and `flags`; the job must succeed."""
+    run = torchrun([*args, "--checkpoint-dir", str(ckpt), *flags], nproc=nproc, max_restarts=restarts,
+                   timeout=180)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
 
 
 def python_module(args: list[str], timeout: float = 120, module: str = "reference_impl.train",

@@ -15,14 +15,13 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from launch import Run, python_module, torchrun
+from launch import Run, python_module, train_ok
 from reference_impl.config import TrainConfig
-from reference_impl.data import ResumableDistributedSampler
 from reference_impl.export import export
 from reference_impl.model import build_model
 from reference_impl.pipeline import Stage, stage_layers
 from reference_impl.state import _update, full_state, merge_stages
-from sample_logs import losses, rank_log, trained_by_step
+from sample_logs import assert_trained_once_in_order, losses, rank_log
 
 # 3 blocks over 2 stages (2 + 1); 8 samples per micro-batch in 4 pipeline micro-batches, 2
 # micro-batches accumulated; a clipping threshold low enough to clip every step.
@@ -89,18 +88,11 @@ def test_the_stages_states_merge_into_the_whole_models() -> None:
     assert merged.hexdigest() == whole.hexdigest()
 
 
-def pp_run(ckpt: Path, *flags: str, args: list[str] = PP2, nproc: int = 2, restarts: int = 0) -> Run:
-    run = torchrun([*args, "--checkpoint-dir", str(ckpt), *flags], nproc=nproc, max_restarts=restarts,
-                   timeout=180)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return run
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path, Path]:
     """An uninterrupted 1F1B run on 2 stages, 12 steps (checkpoints at 6 and 12), with its sample log."""
     root = tmp_path_factory.mktemp("pp_reference")
-    run = pp_run(root / "ckpt", "--sample-log", str(root / "samples"))
+    run = train_ok(PP2, root / "ckpt", "--sample-log", str(root / "samples"))
     return run, root / "ckpt", root / "samples"
 
 
@@ -122,7 +114,7 @@ def test_two_stages_under_1f1b_match_one_process(reference: tuple[Run, Path, Pat
 
 @pytest.mark.distributed
 def test_two_stages_under_gpipe_match_one_process(single: Run, tmp_path: Path) -> None:
-    run = pp_run(tmp_path, "--pp-schedule", "gpipe")
+    run = train_ok(PP2, tmp_path, "--pp-schedule", "gpipe")
     assert losses(run) == pytest.approx(losses(single), abs=TOL)
 
 
@@ -137,7 +129,7 @@ def test_the_stages_of_one_pipeline_read_the_same_samples(reference: tuple[Run, 
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_sigkill_under_pp_resumes_bit_exactly(reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
-    run = pp_run(tmp_path, "--fail-at-step", "9", "--fail-rank", "1", restarts=1)
+    run = train_ok(PP2, tmp_path, "--fail-at-step", "9", "--fail-rank", "1", restarts=1)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [6]
     assert run.digest() == reference[0].digest()
 
@@ -156,13 +148,8 @@ def test_a_pp_checkpoint_restores_on_one_rank_with_exactly_once_data(
     assert one.returncode == 0, one.stderr[-3000:]
     assert one.of("checkpoint_restored")[0]["step"] == 6
     assert losses(one) == pytest.approx(losses(reference[0])[6:], abs=TOL)
-    by_step = trained_by_step(log, ranks=[0])  # rank 1 was the other stage: the same samples
-    assert sorted(by_step) == list(range(1, 13))
+    assert_trained_once_in_order(log, [0], steps=12, global_batch=16, dataset_size=512)  # rank 1: the other stage
     assert sorted(rank_log(log, 1)) == list(range(1, 7)), "the departed rank's replayed steps were cut"
-    trained = [i for step in sorted(by_step) for i in by_step[step]]
-    assert len(trained) == len(set(trained)) == 12 * 16, "no sample twice, none skipped"
-    perm = ResumableDistributedSampler(512, world_size=1, rank=0, global_batch_size=16).epoch_permutation()
-    assert trained == perm[:192].tolist(), "the first 12 global batches of the epoch, in order"
 
 
 @pytest.mark.distributed
@@ -187,7 +174,7 @@ def test_pipelines_of_fsdp_stages_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     the losses of one process within 1e-5, stages of a pipeline share samples and the two
     pipelines read disjoint ones. (A SIGKILL under pipeline parallel and under FSDP2 is
     each tested on two ranks, where it costs a third of the time.)"""
-    run = pp_run(tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), args=PP_FSDP, nproc=4)
+    run = train_ok(PP_FSDP, tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), nproc=4)
     assert run.of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "tp": 1}
     one_flags = [*COMMON, "--max-steps", "8", "--checkpoint-dir", str(tmp_path / "one")]
     one = python_module(one_flags, timeout=120)

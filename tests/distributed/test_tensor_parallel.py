@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import Run, python_module, torchrun
-from reference_impl.data import ResumableDistributedSampler
-from sample_logs import losses, rank_log, trained_by_step
+from launch import Run, python_module, train_ok
+from sample_logs import assert_trained_once_in_order, losses, rank_log
 
 pytestmark = pytest.mark.distributed
 
@@ -24,18 +23,11 @@ ONE = [*COMMON, "--micro-batch-size", "16"]                      # the same glob
 TOL = 1e-5
 
 
-def tp_run(ckpt: Path, *flags: str, args: list[str] = TP2, nproc: int = 2, restarts: int = 0) -> Run:
-    run = torchrun([*args, "--checkpoint-dir", str(ckpt), *flags], nproc=nproc, max_restarts=restarts,
-                   timeout=180)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return run
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path, Path]:
     """An uninterrupted TP=2 run of 20 steps (checkpoints at 10 and 20), with its sample log."""
     root = tmp_path_factory.mktemp("tp_reference")
-    run = tp_run(root / "ckpt", "--sample-log", str(root / "samples"))
+    run = train_ok(TP2, root / "ckpt", "--sample-log", str(root / "samples"))
     return run, root / "ckpt", root / "samples"
 
 
@@ -56,7 +48,7 @@ def test_the_ranks_of_one_tp_group_read_the_same_samples(reference: tuple[Run, P
 
 @pytest.mark.slow
 def test_sigkill_under_tp_resumes_bit_exactly(reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
-    run = tp_run(tmp_path, "--fail-at-step", "15", "--fail-rank", "1", restarts=1)
+    run = train_ok(TP2, tmp_path, "--fail-at-step", "15", "--fail-rank", "1", restarts=1)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
     assert run.digest() == reference[0].digest()
 
@@ -74,13 +66,8 @@ def test_a_tp_checkpoint_restores_on_one_rank_with_exactly_once_data(
     assert single.returncode == 0, single.stderr[-3000:]
     assert single.of("checkpoint_restored")[0]["step"] == 10
     assert losses(single) == pytest.approx(losses(reference[0])[10:], abs=TOL)
-    by_step = trained_by_step(log, ranks=[0])  # rank 1 was rank 0's TP partner: the same samples
-    assert sorted(by_step) == list(range(1, 21))
+    assert_trained_once_in_order(log, [0], steps=20, global_batch=16, dataset_size=512)  # rank 1: its TP partner
     assert sorted(rank_log(log, 1)) == list(range(1, 11)), "the departed rank's replayed steps were cut"
-    trained = [i for step in sorted(by_step) for i in by_step[step]]
-    assert len(trained) == len(set(trained)) == 20 * 16, "no sample twice, none skipped"
-    perm = ResumableDistributedSampler(512, world_size=1, rank=0, global_batch_size=16).epoch_permutation()
-    assert trained == perm[:320].tolist(), "the first 20 global batches of the epoch, in order"
 
 
 FSDP_TP = ["--strategy", "fsdp", *COMMON[:-4], "--checkpoint-every", "6", "--max-steps", "12",
@@ -92,7 +79,7 @@ def test_fsdp_and_tp_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     """FSDP2 over dp_shard=2 and TP over tp=2 (4 ranks): the losses of one process within
     1e-5; TP partners read the same samples and the two data-parallel groups disjoint ones;
     a SIGKILL resumes to the uninterrupted run's state bit for bit."""
-    run = tp_run(tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), args=FSDP_TP, nproc=4)
+    run = train_ok(FSDP_TP, tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), nproc=4)
     assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "tp": 2}
     single_flags = [*FSDP_TP[:-4], "--micro-batch-size", "16", "--checkpoint-dir", str(tmp_path / "one")]
     single = python_module(single_flags, timeout=120)
@@ -101,7 +88,7 @@ def test_fsdp_and_tp_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     logs = [rank_log(tmp_path / "samples", r) for r in range(4)]
     assert logs[0] == logs[1] and logs[2] == logs[3]
     assert all(not set(logs[0][s]) & set(logs[2][s]) and len(logs[0][s]) == 8 for s in logs[0])
-    killed = tp_run(tmp_path / "killed", "--fail-at-step", "9", "--fail-rank", "3", args=FSDP_TP, nproc=4,
+    killed = train_ok(FSDP_TP, tmp_path / "killed", "--fail-at-step", "9", "--fail-rank", "3", nproc=4,
                     restarts=1)
     assert [e["step"] for e in killed.of("checkpoint_restored")] == [6]
     assert killed.digest() == run.digest()
