@@ -81,9 +81,9 @@ def dims_of(cfg: TrainConfig, device_type: str = "cpu") -> ParallelDims:
 
 
 def checkpoint_layout(cfg: TrainConfig) -> str:
-    """"dcp" when a configured parallelism splits the parameters, else "torch_save"."""
-    names = [cfg.strategy] + (["tp"] if cfg.tp_degree > 1 else []) + (["pp"] if cfg.pp_degree > 1 else [])
-    return "dcp" if any(PARALLELISMS[name].sharded for name in names) else "torch_save"
+    """"dcp" when a parallelism the run applies splits the parameters, else "torch_save"."""
+    used = dims_of(cfg).used_axes  # the axes `wrap_model` applies a parallelism over
+    return "dcp" if any(p.sharded for p in PARALLELISMS.values() if p.axis in used) else "torch_save"
 
 
 # --8<-- [start:wrap_model]

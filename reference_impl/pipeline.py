@@ -82,27 +82,6 @@ def split(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> Stage:
                  autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
 
 
-def build_schedule(stage: nn.Module, index: int, pp_degree: int, microbatches: int, kind: str,
-                   device: torch.device, group: dist.ProcessGroup | None = None,
-                   loss_divisor: int | None = None):  # noqa: ANN201
-    """The schedule that drives this rank's stage (its `Stage`, or a DDP/FSDP2 wrapper of it).
-
-    Each micro-batch's loss is divided by `loss_divisor` (default: `microbatches`), so the
-    gradients the schedule accumulates are those of the mean loss over everything divided
-    (every pipeline micro-batch of every accumulated micro-batch), as in one process.
-    """
-    if kind not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)} (got {kind!r})")
-    if microbatches < pp_degree:  # fewer would leave a stage with nothing to do at all
-        raise ValueError(f"microbatches ({microbatches}) must be at least pp_degree ({pp_degree})")
-    divisor = loss_divisor or microbatches
-    pipe_stage = PipelineStage(stage, index, pp_degree, device, group=group)
-    # Scaling the loss, not the gradients: the schedule's own gradient scaling divides every
-    # gradient the stage holds, which would shrink the ones accumulated in earlier steps again.
-    return SCHEDULES[kind](pipe_stage, n_microbatches=microbatches, scale_grads=False,
-                           loss_fn=lambda output, target: loss_fn(output, target) / divisor)
-
-
 @dataclass
 class Pipeline:
     """This rank's place in its pipeline, and the schedule that runs its stage.
@@ -121,10 +100,21 @@ class Pipeline:
 
 
 def build_pipeline(stage: nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device: torch.device) -> Pipeline:
-    """The pipeline of the wrapped `stage` over `mesh` (the pp axis of this rank)."""
+    """The schedule (`cfg.pp_schedule`) that drives this rank's `stage` (its `Stage`, or a
+    DDP/FSDP2 wrapper of it) over `mesh`, the pp axis of this rank.
+
+    Each pipeline micro-batch's loss is divided by M x G (pipeline micro-batches times
+    accumulated micro-batches), so the gradients the stage accumulates over a step are
+    those of the mean loss over the global batch, as in one process. `TrainConfig` has
+    checked the schedule's name and that M is at least the number of stages.
+    """
     index, degree, group = mesh.get_local_rank(), mesh.size(), mesh.get_group()
-    schedule = build_schedule(stage, index, degree, cfg.pipeline_microbatches, cfg.pp_schedule, device, group,
-                              loss_divisor=cfg.pipeline_microbatches * cfg.grad_accum_steps)
+    divisor = cfg.pipeline_microbatches * cfg.grad_accum_steps
+    # Scaling the loss, not the gradients: the schedule's own gradient scaling divides every
+    # gradient the stage holds, which would shrink the ones accumulated in earlier steps again.
+    schedule = SCHEDULES[cfg.pp_schedule](
+        PipelineStage(stage, index, degree, device, group=group), n_microbatches=cfg.pipeline_microbatches,
+        scale_grads=False, loss_fn=lambda output, target: loss_fn(output, target) / divisor)
     return Pipeline(schedule, index, degree, group)
 
 
@@ -138,10 +128,10 @@ def pipeline_step(schedule, index: int, pp_degree: int, tokens: torch.Tensor,  #
     between receive activations from the previous stage and gradients from the next.
     """
     losses: list[torch.Tensor] = []
-    if index == 0 and pp_degree > 1:
+    if index == 0:
         schedule.step(tokens)
     elif index == pp_degree - 1:
-        schedule.step(*([tokens] if pp_degree == 1 else []), target=targets, losses=losses)
+        schedule.step(target=targets, losses=losses)
     else:
         schedule.step()
     return torch.stack(losses).sum() if losses else None
