@@ -84,6 +84,8 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "not_json": (write_text("manifest.json", "{not json"), "unreadable manifest"),
     "a_list": (write_text("manifest.json", "[1, 2]"), "not an object"),
     "deep_nesting": (write_text("manifest.json", "[" * 100000), "unreadable manifest"),
+    "older_format": (lambda s: edit_manifest(s, lambda m: m.__setitem__("format", 1)),
+                     "unknown checkpoint format 1"),
     "missing_files_key": (lambda s: edit_manifest(s, lambda m: m.pop("files")), "no 'files'"),
     "step_is_a_string": (lambda s: edit_manifest(s, lambda m: m.__setitem__("step", "20")), "'step' is invalid"),
     "files_is_a_list": (lambda s: edit_manifest(s, lambda m: m.__setitem__("files", [])), "'files' is invalid"),
