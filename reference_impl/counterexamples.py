@@ -195,7 +195,7 @@ def rank0_rng_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
     """Seed each rank differently, save, scramble, restore, draw: naive way, then ours."""
     import io
 
-    from reference_impl.checkpoint import restore_checkpoint, save_checkpoint
+    from reference_impl.checkpoint import CheckpointManager
     from reference_impl.config import TrainConfig
     from reference_impl.distributed import DistContext
     from reference_impl.metrics import EventLog
@@ -219,9 +219,10 @@ def rank0_rng_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
         state.step = 1
         torch.manual_seed(100 + rank)
         expected = torch.get_rng_state()
-        save_checkpoint(state, cfg, ctx, log)
+        ckpt = CheckpointManager(Path(out_dir) / "ours", log)
+        ckpt.save(state, cfg, ctx)
         torch.manual_seed(999)
-        restore_checkpoint(build_state(cfg, ctx), cfg, ctx, log)
+        ckpt.restore(build_state(cfg, ctx), cfg, ctx)
         result["ours"] = {"restored_own_stream": torch.equal(torch.get_rng_state(), expected),
                           "draw": torch.rand(4).tolist()}
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from reference_impl.checkpoint import choose
-from reference_impl.checkpoint_layout import LAYOUTS
-from reference_impl.checkpoint_validate import CheckpointError
+from reference_impl.checkpoint import CheckpointError, CheckpointManager
+from reference_impl.checkpoint.layouts import LAYOUTS
 from reference_impl.metrics import EventLog
 
 
@@ -31,13 +30,13 @@ def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path
     Raises:
         CheckpointError: No published checkpoint is valid.
     """
-    chosen = choose(checkpoint_dir, log or EventLog(0, sys.stderr))
+    chosen = CheckpointManager(checkpoint_dir, log or EventLog(0, sys.stderr)).choose()
     if chosen is None:
         raise CheckpointError(f"no valid checkpoint under {checkpoint_dir}")
     path, manifest, saved = chosen
-    # The layout that wrote the checkpoint merges its model; any scratch files go beside
-    # `out`, never inside the checkpoint directory (which belongs to the run that writes it).
-    model = LAYOUTS[manifest["layout"]].full_model(path, saved, out.parent)
+    # The layout that wrote the checkpoint merges its model in memory: nothing is written
+    # inside the checkpoint directory (it belongs to the run that writes it).
+    model = LAYOUTS[manifest["layout"]].full_model(path, saved)
     payload = {"model": model, "step": manifest["step"],
                "resume_fields": manifest["resume_fields"]}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # unique per writer

@@ -1,78 +1,25 @@
-"""The run's lifetime: one writer per checkpoint directory, death with the launcher, and
-a preemption (SIGTERM) that ends at a step boundary with a checkpoint."""
+"""The run's lifetime: death with the launcher, and a preemption (SIGTERM) that ends at a
+step boundary with a checkpoint. (One writer per checkpoint directory is the checkpoint
+manager's lock: `reference_impl.checkpoint.lock`.)"""
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from types import FrameType, TracebackType
 
 import torch
 import torch.distributed as dist
 
-from reference_impl.config import ConfigError
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
 
 PREEMPTED_EXIT = 75  # EX_TEMPFAIL: stopped on request with a checkpoint; relaunch to resume
-LOCK_FILE = ".lock"
 _PR_SET_PDEATHSIG = 1
-
-
-# --8<-- [start:directory_lock]
-class DirectoryLock:
-    """An exclusive lock on a checkpoint directory, held for the life of the process.
-
-    A POSIX record lock (`fcntl.lockf`) rather than `flock`: the kernel drops it when the
-    holder dies, however it dies, and a forked child (a DataLoader worker) does not
-    inherit it, so a dead rank's lingering workers cannot keep a relaunch out.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / LOCK_FILE
-        self._fd: int | None = None
-
-    def __enter__(self) -> DirectoryLock:
-        """Take the lock, or raise `ConfigError` naming the holder's host and pid."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise ConfigError(f"cannot lock checkpoint_dir {self.path.parent}: {exc}") from None
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace")
-            os.close(fd)
-            raise ConfigError(f"checkpoint_dir {self.path.parent} is in use by another run "
-                              f"({_describe(holder)}); one run writes a directory at a time") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode(), 0)
-        self._fd = fd
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the lock
-            self._fd = None
-# --8<-- [end:directory_lock]
-
-
-def _describe(holder: str) -> str:
-    try:
-        info = json.loads(holder)
-        return f"host {info['host']}, pid {info['pid']}"
-    except (ValueError, TypeError, KeyError):
-        return "holder unknown: it has not written its name yet"
 
 
 def die_with_parent() -> None:

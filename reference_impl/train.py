@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,14 +21,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from reference_impl.checkpoint import AsyncSaver, restore_checkpoint, save_checkpoint
-from reference_impl.checkpoint_validate import IncompatibleCheckpoint, check_compatible, newest_manifest
+from reference_impl.checkpoint import AsyncSaver, CheckpointManager, IncompatibleCheckpoint
+from reference_impl.checkpoint.files import make_dir
+from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
-from reference_impl.housekeeping import record_progress, remove_debris
-from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock, Preemption, die_with_parent
+from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import dims_of, wrap_model
@@ -147,11 +148,12 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx)
     faults, saver = FaultInjector(cfg, ctx), AsyncSaver(cfg.pg_timeout_s) if cfg.async_checkpoint else None
+    ckpt = CheckpointManager(Path(cfg.checkpoint_dir), log, cfg.keep_last) if cfg.checkpoint_dir else None
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size, mesh=state.mesh.describe(),
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
     with timer.phase("restore", host=True):
-        samples.truncate(restore_checkpoint(state, cfg, ctx, log) or 0)
+        samples.truncate((ckpt.restore(state, cfg, ctx) if ckpt else None) or 0)
     nonfinite = torch.zeros((), device=ctx.device)  # a device flag: checking it costs no sync
     state.model.train()
     try:
@@ -172,17 +174,18 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                 state.step += 1
                 meter.add(cfg.global_batch_size)
                 samples.append(state.step, state.sampler.epoch, indices)
-                record_progress(cfg, ctx, state.step)
+                if ckpt:
+                    ckpt.record_progress(state.step, ctx)
                 if on_step:
                     on_step(state)
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
                     log_step(state, cfg, ctx, log, loss, timer, meter)
                 state.preempted = stop.should_stop()  # every rank stops after the same step
-                if cfg.is_checkpoint_step(state.step) or (state.preempted and cfg.checkpoint_dir):
+                if ckpt and (cfg.is_checkpoint_step(state.step) or state.preempted):
                     if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
                         check_finite(nonfinite, ctx, state.step)
                     with timer.phase("checkpoint", host=True):
-                        save_checkpoint(state, cfg, ctx, log, faults, saver)
+                        ckpt.save(state, cfg, ctx, faults, saver)
                 watchdog.beat()
                 if state.preempted:
                     break
@@ -213,8 +216,8 @@ def preflight(cfg: TrainConfig) -> None:
     checkpoint fits the config.
 
     Raises:
-        ConfigError: The device is missing, a path is not a directory, or the newest
-            checkpoint is incompatible.
+        ConfigError: The device is missing, a path is not a directory, the sample log
+            cannot be written, or the newest checkpoint is incompatible.
     """
     try:
         pick_device(cfg.device, 0)
@@ -223,7 +226,10 @@ def preflight(cfg: TrainConfig) -> None:
     for name in ("checkpoint_dir", "sample_log"):
         if getattr(cfg, name):
             check_directory(Path(getattr(cfg, name)), name)
-    manifest = newest_manifest(Path(cfg.checkpoint_dir)) if cfg.checkpoint_dir else None
+    if cfg.sample_log:
+        check_writable(Path(cfg.sample_log), "sample_log")
+    manifest = (CheckpointManager(Path(cfg.checkpoint_dir), EventLog(0, sys.stderr)).newest_manifest()
+                if cfg.checkpoint_dir else None)
     if manifest is not None:
         try:
             check_compatible(manifest, cfg)
@@ -242,6 +248,24 @@ def check_directory(path: Path, name: str) -> None:
         raise ConfigError(f"{name} {path} is not a directory ({existing} is a file)")
 
 
+def check_writable(path: Path, name: str) -> None:
+    """`path` is a directory this process can create files in (creating it if needed).
+
+    Checked by writing: permission bits do not tell (root ignores them; a read-only
+    mount does not show in them).
+
+    Raises:
+        ConfigError: The directory cannot be created, or a file cannot be created in it.
+    """
+    probe = path / f".probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        make_dir(path)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{name} {path} is not writable: {exc.strerror}") from None
+
+
 def start(argv: list[str] | None, stack: ExitStack) -> TrainConfig:
     """Parse and check the flags; global rank 0 takes the checkpoint directory's lock.
 
@@ -251,8 +275,7 @@ def start(argv: list[str] | None, stack: ExitStack) -> TrainConfig:
     cfg = TrainConfig.from_cli(argv)
     preflight(cfg)
     if cfg.checkpoint_dir and os.environ.get("RANK", "0") == "0":
-        stack.enter_context(DirectoryLock(Path(cfg.checkpoint_dir)))
-        remove_debris(Path(cfg.checkpoint_dir))  # no other writer is alive: we hold the lock
+        stack.enter_context(CheckpointManager(Path(cfg.checkpoint_dir), EventLog(0, sys.stderr)).lock())
     return cfg
 
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from launch import Run, python_module, run_command
-from reference_impl.checkpoint import CheckpointError, published, verify
+from checkpoints import published, verify
+from reference_impl.checkpoint import CheckpointError
 
 FLAGS = ["--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "3", "--warmup-steps", "5",
          "--log-every", "10", "--micro-batch-size", "8", "--dataset-size", "512"]

@@ -170,21 +170,19 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
 
     # The same crash during save_checkpoint publishes nothing; restore takes step 1. Only the
     # crashing save needs its own process (the file size limit is per process).
-    import io
-
-    from reference_impl.checkpoint import published, restore_checkpoint, save_checkpoint
+    from checkpoints import manager, published
     from reference_impl.distributed import DistContext
-    from reference_impl.metrics import EventLog
     from reference_impl.train import build_state
 
     ours = tmp_path / "ours"
     cfg = TrainConfig(hidden_dim=2048, dataset_size=256, checkpoint_dir=str(ours))
     state = build_state(cfg, DistContext())
     state.step = 1
-    save_checkpoint(state, cfg, DistContext(), EventLog(0, io.StringIO()))
+    manager(ours).save(state, cfg, DistContext())
     crash = _python(f"""
         import io, resource
-        from reference_impl.checkpoint import save_checkpoint
+        from pathlib import Path
+        from reference_impl.checkpoint import CheckpointManager
         from reference_impl.config import TrainConfig
         from reference_impl.distributed import DistContext
         from reference_impl.metrics import EventLog
@@ -193,11 +191,11 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
         state = build_state(cfg, DistContext())
         state.step = 2
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
-        save_checkpoint(state, cfg, DistContext(), EventLog(0, io.StringIO()))
+        CheckpointManager(Path(cfg.checkpoint_dir), EventLog(0, io.StringIO())).save(state, cfg, DistContext())
     """)
     assert crash.returncode != 0, "the save must have died part-way"
     assert [p.name for p in published(ours)] == ["step-00000001"]
-    restored = restore_checkpoint(build_state(cfg, DistContext()), cfg, DistContext(), EventLog(0, io.StringIO()))
+    restored = manager(ours).restore(build_state(cfg, DistContext()), cfg, DistContext())
     assert restored == 1
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint checksums (reference_impl.integrity): any flipped byte is caught, old sha256
+"""Checkpoint checksums (reference_impl.checkpoint.integrity): any flipped byte is caught, old sha256
 manifests still verify, and a malformed entry is never taken for a checksum."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from reference_impl import integrity
+from reference_impl.checkpoint import integrity
 
 
 @pytest.fixture

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from launch import REPO, Run, python_module
-from reference_impl.checkpoint import CheckpointError, published
+from checkpoints import manager, published
+from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
-from reference_impl.housekeeping import record_progress
 from reference_impl.step import lr_multiplier
 
 pytestmark = pytest.mark.timeout(120)
@@ -169,7 +169,7 @@ def test_a_full_disk_leaves_no_debris_and_a_smaller_keep_last_frees_room(tmp_pat
 def test_progress_bookkeeping_failures_raise_the_checkpoint_error(tmp_path: Path) -> None:
     (tmp_path / "progress.json").mkdir()  # os.replace onto it fails like a full disk would
     with pytest.raises(CheckpointError, match="recording progress .* failed"):
-        record_progress(TrainConfig(checkpoint_dir=str(tmp_path)), DistContext(), 3)
+        manager(tmp_path).record_progress(3, DistContext())
 
 
 # Item 8: bad input is one line and exit 2, before any work.

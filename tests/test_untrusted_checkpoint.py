@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from launch import python_module
-from reference_impl.checkpoint import choose
+from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.export import export
 from reference_impl.metrics import EventLog
@@ -80,6 +80,25 @@ def entry(name: str) -> Callable[[Path], None]:
         name, {"sha256": "0" * 64, "bytes": 1}))
 
 
+def replace_with(name: str, kind: str) -> Callable[[Path], None]:
+    """Put a FIFO (opening it for reading would block forever), a directory, or a sparse
+    file larger than any manifest may be, where `name` was."""
+    def damage(step: Path) -> None:
+        (step / name).unlink()
+        if kind == "fifo":
+            os.mkfifo(step / name)
+        elif kind == "directory":
+            (step / name).mkdir()
+        else:
+            with (step / name).open("wb") as f:
+                f.truncate(100 << 20)
+    return damage
+
+
+def field(key: str, value: object) -> Callable[[Path], None]:
+    return lambda step: edit_manifest(step, lambda m: m.__setitem__(key, value))
+
+
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "not_json": (write_text("manifest.json", "{not json"), "unreadable manifest"),
     "a_list": (write_text("manifest.json", "[1, 2]"), "not an object"),
@@ -102,6 +121,16 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "contents_disagree": (other_step_inside, "holds step 21"),
     "required_part_unlisted": (lambda s: edit_manifest(s, lambda m: m["files"].pop("rank-00000.pt")),
                                "required part rank-00000.pt is not listed"),
+    "layout_is_a_list": (field("layout", ["dcp"]), "'layout' is invalid"),
+    "layout_is_an_object": (field("layout", {"dcp": 1}), "'layout' is invalid"),
+    "world_size_is_true": (field("world_size", True), "'world_size' is invalid"),
+    "format_is_a_float": (field("format", 2.0), "unknown checkpoint format"),
+    "a_listed_name_with_a_newline": (lambda s: edit_manifest(s, lambda m: m["files"].__setitem__("a\nb", {})),
+                                "outside the checkpoint directory"),
+    "manifest_is_a_fifo": (replace_with("manifest.json", "fifo"), "not a regular file"),
+    "manifest_is_a_directory": (replace_with("manifest.json", "directory"), "not a regular file"),
+    "manifest_is_too_large": (replace_with("manifest.json", "sparse"), "more than the 67108864 allowed"),
+    "train_pt_is_a_fifo": (replace_with("train.pt", "fifo"), "train.pt is not a regular file"),
 }
 
 
@@ -114,7 +143,7 @@ def test_any_damage_is_skipped_with_a_reason_and_restore_falls_back(
     damage, reason = CASES[case]
     damage(ckpt / "step-00000020")
     stream = io.StringIO()
-    chosen = choose(ckpt, EventLog(0, stream))
+    chosen = CheckpointManager(ckpt, EventLog(0, stream)).choose()
     assert chosen is not None and chosen[1]["step"] == 10
     skipped = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["event"] for e in skipped] == ["checkpoint_skipped"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from reference_impl.bench.common import (add_rounds_argument, benchmark, interleave, median, remove_shared, report,
                                          settle, shared_tempdir, slowest, trained_state)
-from reference_impl.checkpoint import AsyncSaver, save_checkpoint
+from reference_impl.checkpoint import AsyncSaver, CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext, distributed
 from reference_impl.metrics import EventLog
@@ -23,7 +23,7 @@ from reference_impl.state import TrainState
 def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, rounds: int) -> dict[str, list[float]]:
     """Seconds training waits for a sync FSDP save and for an async one, in interleaved rounds.
 
-    Each save is `save_checkpoint` of the same state into a fresh directory, timed
+    Each save is `CheckpointManager.save` of the same state into a fresh directory, timed
     from the call to its return; the async one (`saver=AsyncSaver()`) returns once DCP
     has staged a copy, and is then waited for (its `total`: staged, written and
     published). Every value is the slowest rank's. One untimed save of each kind comes
@@ -36,7 +36,7 @@ def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, roun
         rounds: Timed rounds.
 
     Returns:
-        `sync`, `blocked` (async, until `save_checkpoint` returned) and `async_total`
+        `sync`, `blocked` (async, until `CheckpointManager.save` returned) and `async_total`
         seconds, one value per round.
     """
     root, saver, log = shared_tempdir(ctx), AsyncSaver(), EventLog(ctx.rank, io.StringIO())
@@ -46,8 +46,8 @@ def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, roun
         path = root / str(next(saves))
         settle(ctx)
         t0 = time.perf_counter()
-        save_checkpoint(state, replace(cfg, checkpoint_dir=str(path)), ctx, log,
-                        saver=saver if background else None)
+        CheckpointManager(path, log).save(state, replace(cfg, checkpoint_dir=str(path)), ctx,
+                                          saver=saver if background else None)
         returned = time.perf_counter() - t0
         saver.wait()
         done = time.perf_counter() - t0
@@ -83,7 +83,7 @@ def stall_summary(stall: dict[str, list[float]]) -> dict[str, float]:
 
 
 def async_checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
-    """Async versus sync `save_checkpoint` of one FSDP state (25.2M parameters by default).
+    """Async versus sync `CheckpointManager.save` of one FSDP state (25.2M parameters by default).
 
     Runs on every rank under torchrun; rank 0 reports. See
     [`checkpoint_stall`][reference_impl.bench.async_save.checkpoint_stall] for what is timed.

@@ -18,7 +18,7 @@ import torch
 
 from reference_impl.bench.common import (BenchmarkError, benchmark, int_list, interleave, launched, median, report,
                                          settle, timed, trained_state)
-from reference_impl.checkpoint import published, restore_checkpoint, save_checkpoint
+from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.launch import torchrun_command
@@ -48,14 +48,14 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     In one process on the CPU, a model trained `cfg.max_steps` steps (so AdamW's two
     moments exist) is saved, in interleaved rounds, three ways into one directory:
 
-    * ours: `save_checkpoint` (DDP layout: `torch.save` of model, optimizer, schedule and
+    * ours: `CheckpointManager.save` (DDP layout: `torch.save` of model, optimizer, schedule and
       sampler, fsync and XXH3 of every file, read back from the page cache, manifest, atomic rename);
     * raw: `torch.save({"model": ..., "optimizer": ...}, path)`, without fsync: the data
       may still be in the page cache when the clock stops;
     * raw+fsync: the same followed by `os.fsync` of the file, a durable baseline.
 
     Then the newest files are restored, in interleaved rounds: ours with
-    `restore_checkpoint` (verify every file's sha256, load with `weights_only=True`,
+    `CheckpointManager.restore` (verify every file's XXH3, load with `weights_only=True`,
     load the state dicts) and raw with `torch.load(weights_only=True)` and the same two
     `load_state_dict` calls. Every case starts after an untimed `os.sync()`; restores
     read files the page cache holds, for both sides.
@@ -71,12 +71,13 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     state = trained_state(cfg, ctx)
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-"))
     ckpt_cfg, raw = replace(cfg, checkpoint_dir=str(root)), root / "raw.pt"
+    ckpt = CheckpointManager(root, log, ckpt_cfg.keep_last)
 
     def save_ours() -> float:
-        for old in published(root):
+        for _, old in ckpt.steps():
             shutil.rmtree(old)
         settle(ctx)
-        return timed(lambda: save_checkpoint(state, ckpt_cfg, ctx, log))
+        return timed(lambda: ckpt.save(state, ckpt_cfg, ctx))
 
     def save_raw(fsync: bool) -> float:
         raw.unlink(missing_ok=True)
@@ -105,7 +106,7 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     try:
         saves = interleave(rounds, {"ours": save_ours, "raw": partial(save_raw, False),
                                     "raw_fsync": partial(save_raw, True)})
-        restores = interleave(rounds, {"ours": partial(restore, lambda: restore_checkpoint(state, ckpt_cfg, ctx, log)),
+        restores = interleave(rounds, {"ours": partial(restore, lambda: ckpt.restore(state, ckpt_cfg, ctx)),
                                        "raw": partial(restore, load_raw)})
         state_bytes = raw.stat().st_size
     finally:

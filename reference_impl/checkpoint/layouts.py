@@ -1,0 +1,217 @@
+"""How model and optimizer state go into a checkpoint directory: one class per layout.
+
+The manager (`reference_impl.checkpoint.manager`) knows file names, hashing, the
+manifest, the atomic publish and retention, and nothing about tensors. A layout knows
+the tensors:
+
+* `torch_save`: the model and optimizer are whole on every rank (single process, DDP);
+  rank 0 puts them into train.pt.
+* `dcp`: ranks hold different parts of the parameters (FSDP2 and tensor-parallel shards,
+  pipeline stages); every rank writes its part with torch.distributed.checkpoint under
+  `dcp/`, under the whole model's names, restorable on another mesh. It is read back only
+  through `reference_impl.checkpoint.dcp_safe`, never with DCP's pickle-based reader.
+
+`LAYOUTS` maps the name recorded in the manifest to the layout, so a restore reads a
+checkpoint with the layout that wrote it, whatever the current run uses. Adding a layout
+is a subclass of `CheckpointLayout` and one entry in `LAYOUTS`.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from reference_impl.checkpoint.dcp_safe import (METADATA, ConfinedReader, WeightsOnlyFullPlanner,
+                                                WeightsOnlyLoadPlanner, check_plain_items, read_metadata,
+                                                storage_files)
+from reference_impl.checkpoint.files import CheckpointError, need
+from reference_impl.parallel import unwrap
+from reference_impl.state import TrainState
+
+DCP_DIR = "dcp"
+# Optimizer state keyed per parameter name ("param_groups.blocks.0.qkv.weight.lr"), not as
+# one list of param groups: pipeline stages each hold some of the parameters, and
+# per-stage lists saved under one key would overwrite each other.
+DCP_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+# --8<-- [start:interface]
+class CheckpointLayout(ABC):
+    """Where the model and optimizer state of a checkpoint live, and how to read them back.
+
+    Attributes:
+        train_keys: Keys this layout adds to train.pt (written by rank 0).
+        required: Files besides train.pt and the rank files that a restore reads.
+    """
+
+    train_keys: ClassVar[frozenset[str]] = frozenset()
+    required: ClassVar[frozenset[str]] = frozenset()
+
+    def train_entries(self, state: TrainState) -> dict[str, Any]:
+        """Model and optimizer entries for train.pt (rank 0 only); none by default."""
+        return {}
+
+    def write(self, state: TrainState, directory: Path, saver: AsyncSaver | None) -> bool:
+        """Every rank writes its own files into `directory` (none by default).
+
+        Returns True when the write continues in the background in `saver`, which then
+        publishes the checkpoint once it completes.
+        """
+        return False
+
+    def check_files(self, path: Path, listed: set[str]) -> None:
+        """Raise `CheckpointError` unless every file a load of `path` reads is in `listed`.
+
+        The manifest's hashes cover the listed files; this makes sure nothing else is
+        read. Nothing to check by default: the manager's required files are all there is.
+        """
+
+    def check_loadable(self, state: TrainState, path: Path) -> None:
+        """Raise `CheckpointError` if `path` cannot be loaded into `state` (every rank, before any change)."""
+
+    @abstractmethod
+    def load(self, state: TrainState, path: Path, saved: dict[str, Any]) -> None:
+        """Load model and optimizer into `state` from step directory `path` (every rank)."""
+
+    @abstractmethod
+    def full_model(self, path: Path, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The whole model's state dict, in one process."""
+# --8<-- [end:interface]
+
+
+class TorchSaveLayout(CheckpointLayout):
+    """Whole tensors in train.pt, loaded with the weights-only unpickler."""
+
+    train_keys = frozenset({"model", "optimizer"})
+
+    def train_entries(self, state: TrainState) -> dict[str, Any]:
+        return {"model": unwrap(state.model).state_dict(), "optimizer": state.optimizer.state_dict()}
+
+    def load(self, state: TrainState, path: Path, saved: dict[str, Any]) -> None:
+        unwrap(state.model).load_state_dict(saved["model"])
+        state.optimizer.load_state_dict(saved["optimizer"])
+
+    def full_model(self, path: Path, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return saved["model"]
+
+
+# --8<-- [start:dcp_layout]
+class DcpLayout(CheckpointLayout):
+    """DTensor shards written by every rank through DCP; DCP reshards them on load.
+
+    Reading goes through `dcp_safe`: metadata unpickled with an allow-list, shard paths
+    confined to `dcp/`, non-tensor items loaded weights-only.
+    """
+
+    required = frozenset({f"{DCP_DIR}/{METADATA}"})  # DCP's own commit point
+
+    def write(self, state: TrainState, directory: Path, saver: AsyncSaver | None) -> bool:
+        sharded = {"model_optim": _sharded_state(state)}
+        if saver:
+            saver.start(sharded, directory / DCP_DIR)
+            return True
+        dcp.save(sharded, checkpoint_id=directory / DCP_DIR)
+        return False
+
+    def check_files(self, path: Path, listed: set[str]) -> None:
+        metadata = read_metadata(path / DCP_DIR)
+        unlisted = sorted(f"{DCP_DIR}/{name}" for name in storage_files(metadata)
+                          if f"{DCP_DIR}/{name}" not in listed)
+        need(not unlisted, f"{METADATA} reads {', '.join(unlisted[:3])}, not listed in the manifest")
+        check_plain_items(path / DCP_DIR, metadata)  # before any rank's load: a refusal is a fallback
+
+    def check_loadable(self, state: TrainState, path: Path) -> None:
+        # A dry run of this rank's read plan: every key this rank needs is saved, with
+        # the shape it has now. Nothing is read into the model yet.
+        planner = WeightsOnlyLoadPlanner()
+        planner.set_up_planner({"model_optim": _sharded_state(state)}, read_metadata(path / DCP_DIR), False)
+        try:
+            planner.create_local_plan()
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{DCP_DIR}/ does not fit this model: {str(exc).splitlines()[0][:200]}") from None
+
+    def load(self, state: TrainState, path: Path, saved: dict[str, Any]) -> None:
+        # The fresh state's own shards say which slices this rank reads: the saved mesh
+        # (world size, tp degree) may differ from ours.
+        sharded = {"model_optim": _sharded_state(state)}
+        dcp.load(sharded, storage_reader=ConfinedReader(path / DCP_DIR), planner=WeightsOnlyLoadPlanner())
+        set_state_dict(state.model, state.optimizer, model_state_dict=sharded["model_optim"]["model"],
+                       optim_state_dict=sharded["model_optim"]["optim"], options=DCP_OPTIONS)
+
+    def full_model(self, path: Path, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+        # Rebuilt from the metadata, every shard gathered into full tensors, as torch's own
+        # dcp_to_torch_save does it (the public `dcp.load` would fill a copy of `merged`).
+        merged: dict[str, Any] = {}
+        _load_state_dict(merged, storage_reader=ConfinedReader(path / DCP_DIR), planner=WeightsOnlyFullPlanner(),
+                         no_dist=True)
+        return merged["model_optim"]["model"]
+# --8<-- [end:dcp_layout]
+
+
+# --8<-- [start:layouts]
+LAYOUTS: dict[str, CheckpointLayout] = {"torch_save": TorchSaveLayout(), "dcp": DcpLayout()}
+# --8<-- [end:layouts]
+
+
+def _sharded_state(state: TrainState) -> dict[str, Any]:
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer, options=DCP_OPTIONS)
+    return {"model": model_sd, "optim": optim_sd}
+
+
+class AsyncSaver:
+    """Runs DCP saves in the background on a dedicated gloo group.
+
+    The training collectives keep the default group; sharing it with a background save
+    interleaves two streams of collectives on one communicator, which crashes or hangs.
+    DCP copies (stages) the state before `async_save` returns, so the next optimizer step
+    can safely change the parameters. Rank 0 publishes as soon as the write completes.
+    """
+
+    def __init__(self, timeout_s: float = 120.0) -> None:
+        self.group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+                      if dist.is_initialized() else None)
+        self._future: Any = None
+        self._published = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self, state: dict[str, Any], path: Path) -> None:
+        """Begin writing `state` to `path` with DCP; returns once the state is staged."""
+        self._future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
+        self._published.clear()
+
+    def publish_when_done(self, publish: Callable[[], None] | None) -> None:
+        """Run `publish` (rank 0's; None elsewhere) once the write in flight completes."""
+        if publish is None:
+            self._published.set()
+            return
+        self._future.add_done_callback(lambda f: self._publish(f, publish))
+
+    def _publish(self, future: Any, publish: Callable[[], None]) -> None:
+        try:
+            if future.exception() is None:
+                publish()
+        except BaseException as exc:  # surfaced on the training thread by wait()
+            self._error = exc
+        finally:
+            self._published.set()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and published; re-raise errors."""
+        if self._future is None:
+            return
+        future, self._future = self._future, None
+        future.result()
+        self._published.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"publishing an async checkpoint failed: {error}") from error

@@ -1,0 +1,359 @@
+"""The checkpoint manager: one object owns a checkpoint directory.
+
+It takes the directory's lock, saves (through `publish`), restores the newest valid
+checkpoint (through `manifest` and the layouts), applies retention, and keeps the progress
+note that counts replayed steps. Everything it reads from the directory is untrusted
+(`reference_impl.checkpoint.files`); everything it deletes it has first proved to be
+older than a valid checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from reference_impl.checkpoint.files import (CheckpointError, load_weights_only, make_dir, member, read_bounded,
+                                             remove, step_name, step_of, write_private)
+from reference_impl.checkpoint.layouts import LAYOUTS, AsyncSaver
+from reference_impl.checkpoint.lock import DirectoryLock
+from reference_impl.checkpoint.manifest import (FORMAT, TRAIN_FILE, check_compatible, check_contents, rank_file,
+                                                read_manifest, verify)
+from reference_impl.checkpoint.publish import (TMP_PREFIX, Publication, agree_written, barrier, gather_files,
+                                               temporary_dir, write_file)
+from reference_impl.config import TrainConfig
+from reference_impl.distributed import DistContext
+from reference_impl.faults import FaultInjector
+from reference_impl.metrics import EventLog
+from reference_impl.parallel import checkpoint_layout
+from reference_impl.state import RESUME_NAMES, TrainState, rng_state, set_rng_state
+from reference_impl.step import lr_multiplier
+
+PROGRESS = "progress.json"
+_PROGRESS_CAP = 4096
+SCHEDULE_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "max_steps")  # what lr_multiplier reads
+
+
+class Chosen(NamedTuple):
+    """The checkpoint a restore uses: its directory, its manifest and its loaded train.pt."""
+
+    path: Path
+    manifest: dict[str, Any]
+    saved: dict[str, Any]
+
+
+class CheckpointManager:
+    """Owns one checkpoint directory: lock, save, restore, retention, validation.
+
+    Args:
+        root: The checkpoint directory (`--checkpoint-dir`).
+        log: Where events go (`checkpoint_saved`, `checkpoint_skipped`, ...).
+        keep_last: How many valid checkpoints retention keeps (`--keep-last`).
+    """
+
+    def __init__(self, root: Path, log: EventLog, keep_last: int = 1) -> None:
+        self.root, self.log, self.keep_last = root, log, keep_last
+        self._valid: dict[str, tuple[int, int]] = {}  # step dir name -> its manifest's (inode, mtime)
+
+    # --- reading the directory ---------------------------------------------------------
+
+    def steps(self) -> list[tuple[int, Path]]:
+        """Entries named exactly `step-NNNNNNNN` (ASCII), newest first; any kind, links included.
+
+        Temporary saves and every other name are never listed, so never restored or deleted.
+        """
+        if not self.root.is_dir():
+            return []
+        found = [(step, self.root / name) for name in os.listdir(self.root)
+                 if (step := step_of(name)) is not None]
+        return sorted(found, reverse=True)
+
+    def _report_misnamed(self) -> None:
+        """Say why entries that look like checkpoints are ignored (Unicode digits, a newline...)."""
+        if self.root.is_dir():
+            for name in sorted(os.listdir(self.root)):
+                if name.startswith("step") and step_of(name) is None:
+                    self.log.emit("checkpoint_ignored", path=str(self.root / name),
+                                  reason=f"{name!r:.60} is not 'step-' and eight ASCII digits")
+
+    def newest_manifest(self) -> dict[str, Any] | None:
+        """The manifest of the newest checkpoint whose manifest is valid (no file is hashed)."""
+        for _, path in self.steps():
+            try:
+                return read_manifest(path)
+            except CheckpointError:
+                continue
+        return None
+
+    def choose(self, refused: frozenset[str] = frozenset()) -> Chosen | None:
+        """Newest checkpoint that validates, verifies and loads safely, with its loaded train.pt.
+
+        The manifest is read and shape-checked once, before any other byte. Then train.pt
+        is loaded while another thread hashes every listed file and checks that the layout
+        reads nothing unlisted; a corrupt file is reported as corrupt even if it also fails
+        to load. Each skipped checkpoint is an event.
+
+        Args:
+            refused: Names of step directories to pass over (refused by another rank).
+        """
+        self._report_misnamed()
+        for _, path in self.steps():
+            if path.name in refused:
+                continue
+            try:
+                manifest = read_manifest(path)
+                with ThreadPoolExecutor(1) as pool:
+                    verified = pool.submit(verify, path, manifest)
+                    try:
+                        saved, load_error = load_weights_only(member(path, TRAIN_FILE)), None
+                    except CheckpointError as exc:
+                        saved, load_error = None, exc
+                    verified.result()
+                if load_error:
+                    raise load_error
+                ranks = [load_weights_only(member(path, rank_file(r))) for r in range(manifest["world_size"])]
+                check_contents(manifest, saved, ranks)
+                self._remember_valid(path)
+                return Chosen(path, manifest, saved)
+            except (CheckpointError, OSError) as exc:
+                self.log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
+        return None
+
+    def _remember_valid(self, path: Path) -> None:
+        info = (path / "manifest.json").stat()
+        self._valid[path.name] = (info.st_ino, info.st_mtime_ns)
+
+    def _is_valid(self, path: Path) -> bool:
+        """Whether `path` is a checkpoint that verifies (remembered once verified or published here)."""
+        try:
+            info = (path / "manifest.json").lstat()
+            if self._valid.get(path.name) == (info.st_ino, info.st_mtime_ns) and not path.is_symlink():
+                return True
+            verify(path, read_manifest(path))
+        except (CheckpointError, OSError):
+            return False
+        self._remember_valid(path)
+        return True
+
+    # --- retention ---------------------------------------------------------------------
+
+    # --8<-- [start:retention]
+    def retain(self, anchor: Path) -> None:
+        """Keep `anchor` (just published or restored) and the newest valid checkpoints below it.
+
+        The one pruning rule, after a save and after a restore: walking down from the
+        anchor, each checkpoint that verifies is kept until `keep_last` are kept; every
+        other entry below the anchor is removed. Entries above the anchor are never
+        touched (they failed validation, and stay for inspection) and never counted, so
+        a corrupt newer directory cannot push a valid one out.
+        """
+        anchor_step, kept, removed = step_of(anchor.name), 1, []
+        for step, path in self.steps():
+            if anchor_step is None or step >= anchor_step:
+                continue
+            if kept < self.keep_last and self._is_valid(path):
+                kept += 1
+                continue
+            remove(path)
+            self._valid.pop(path.name, None)
+            removed.append(str(path))
+        if removed:
+            self.log.progress("checkpoints_pruned", paths=removed, keep_last=self.keep_last)
+    # --8<-- [end:retention]
+
+    # --- a run's lifetime --------------------------------------------------------------
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the directory's lock; then no other writer is alive, so clear their debris."""
+        with DirectoryLock(self.root):
+            self.remove_debris()
+            yield
+
+    def remove_debris(self) -> None:
+        """Delete the temporary files of earlier writers (crashed saves, progress notes), and
+        anything but a regular file where the progress note goes (it would fail every step)."""
+        if self.root.is_dir():
+            for path in self.root.iterdir():
+                if path.name.startswith(TMP_PREFIX) or (path.name.startswith(f".{PROGRESS}.")
+                                                        and path.name.endswith(".tmp")):
+                    remove(path)
+            note = self.root / PROGRESS
+            if note.is_symlink() or note.exists() and not note.is_file():
+                remove(note)
+
+    def record_progress(self, step: int, ctx: DistContext) -> None:
+        """Rank 0 notes the furthest step reached, to count the steps a restart replays.
+
+        Raises:
+            CheckpointError: The note cannot be written (a full disk), as for a failed save.
+        """
+        if not ctx.is_main:
+            return
+        tmp = self.root / f".{PROGRESS}.{os.getpid()}.tmp"
+        try:
+            make_dir(self.root)
+            remove(tmp)
+            write_private(tmp, json.dumps({"step": step}).encode(), durable=False)  # a hint: no fsync
+            os.replace(tmp, self.root / PROGRESS)
+        except OSError as exc:
+            remove(tmp)
+            raise CheckpointError(f"recording progress (step {step}) in {self.root} failed: {exc}; "
+                                  "published checkpoints are untouched") from exc
+
+    def steps_replayed(self, restored: int) -> int:
+        """Steps between the restored one and the furthest one recorded: work a restart redoes."""
+        try:
+            reached = json.loads(read_bounded(self.root / PROGRESS, _PROGRESS_CAP))["step"]
+        except (CheckpointError, ValueError, KeyError, TypeError):
+            return 0
+        return max(0, reached - restored) if type(reached) is int else 0
+
+    # --8<-- [start:checkpoint_save]
+    def save(self, state: TrainState, cfg: TrainConfig, ctx: DistContext,
+             faults: FaultInjector | None = None, saver: AsyncSaver | None = None) -> Path:
+        """Write the checkpoint of `state.step` and publish it atomically.
+
+        Every rank writes its own RNG file and rank 0 writes train.pt; the layout that the
+        parallelisms call for (`torch_save` or `dcp`) adds the model and optimizer, in the
+        background when `saver` is given. Rank 0 then writes the manifest, renames the
+        directory into place and applies retention. An error (a full disk) raises
+        `CheckpointError` and leaves the published checkpoints untouched.
+        """
+        t0 = time.perf_counter()
+        faults = faults or FaultInjector.disabled()
+        if saver:
+            saver.wait()  # one save in flight at a time
+        layout_name = checkpoint_layout(cfg)
+        layout = LAYOUTS[layout_name]
+        tmp, final = temporary_dir(self.root, state.step, ctx), self.root / step_name(state.step)
+        limit, files, error = faults.write_limit(state.step), {}, None
+        try:
+            mine = rank_file(ctx.rank)
+            files = {mine: write_file(tmp / mine, {"rank": ctx.rank, "rng": rng_state()}, limit)}
+            faults.after_write(state.step, str(tmp / mine))
+            if ctx.is_main:
+                files[TRAIN_FILE] = write_file(tmp / TRAIN_FILE, {
+                    "step": state.step,
+                    **{key: part.state_dict() if part is not None else None
+                       for key, part in state.replicated_parts().items()},
+                    **layout.train_entries(state),
+                }, limit)
+        except OSError as exc:
+            error = exc
+        agree_written(error, tmp, state.step, ctx)
+        files = gather_files(files, ctx)
+        meta = {"format": FORMAT, "step": state.step, "epoch": state.sampler.epoch,
+                "world_size": ctx.world_size, "mesh": state.mesh.describe(), "layout": layout_name,
+                "config_digest": cfg.digest(), "resume_fields": cfg.resume_fields(),
+                "torch_version": torch.__version__}
+        publish = Publication(tmp, final, meta, files, self._published, self.log, faults, t0)
+        if layout.write(state, tmp, saver):
+            publish.blocked_s = time.perf_counter() - t0  # training resumes now
+            saver.publish_when_done(publish if ctx.is_main else None)  # type: ignore[union-attr]
+            return final
+        faults.before_publish(state.step)
+        barrier(ctx)  # every rank's files are on disk before rank 0 publishes
+        if ctx.is_main:
+            publish()
+        barrier(ctx)
+        return final
+    # --8<-- [end:checkpoint_save]
+
+    def _published(self, final: Path) -> None:
+        """What follows a publish: this checkpoint is valid (we wrote it), then retention."""
+        self._remember_valid(final)
+        self.retain(final)
+
+    # --8<-- [start:checkpoint_restore]
+    def restore(self, state: TrainState, cfg: TrainConfig, ctx: DistContext) -> int | None:
+        """Load the newest valid checkpoint into `state`; return its step, or None if none.
+
+        Rank 0 picks the checkpoint (falling back past torn, corrupt or unsafe ones) and
+        broadcasts the choice; every rank then checks that it can load its part (a
+        DCP plan against this mesh) before anything changes, and if any rank cannot,
+        rank 0 picks the next older one. The model and optimizer are read by the layout
+        that wrote them, which may differ from the one this run saves with.
+        """
+        t0 = time.perf_counter()
+        refused: frozenset[str] = frozenset()
+        while True:
+            chosen = self.choose(refused) if ctx.is_main else None
+            choice = [chosen[:2] if chosen else None]  # broadcast the choice, never the loaded state
+            if ctx.distributed:
+                dist.broadcast_object_list(choice, src=0)
+            if choice[0] is None:
+                return None
+            path, manifest = choice[0]
+            reason = _first_reason(_loadable(state, path, manifest), ctx)
+            if reason is None:
+                break
+            if ctx.is_main:
+                self.log.emit("checkpoint_skipped", path=str(path), reason=reason)
+            refused |= {path.name}
+        check_compatible(manifest, cfg)
+        saved = chosen.saved if chosen else load_weights_only(member(path, TRAIN_FILE))
+        skip = set(cfg.resume_skip)
+        LAYOUTS[manifest["layout"]].load(state, path, saved)
+        for key, part in state.replicated_parts().items():
+            if part is not None and saved[key] is not None and RESUME_NAMES.get(key, key) not in skip:
+                part.load_state_dict(saved[key])
+        state.step = saved["step"]
+        rebase_schedule(state, cfg, manifest["resume_fields"], self.log)
+        if "rng" not in skip:
+            if manifest["world_size"] == ctx.world_size:
+                set_rng_state(load_weights_only(member(path, rank_file(ctx.rank)))["rng"])
+            else:  # another world size: no saved stream belongs to this rank
+                torch.manual_seed(cfg.seed + ctx.rank + 7919 * state.step)
+                self.log.progress("rng_reseeded", reason=f"world size {manifest['world_size']} -> {ctx.world_size}")
+        self.log.progress("checkpoint_restored", step=state.step, path=str(path), restart_count=ctx.restart_count,
+                          steps_replayed=self.steps_replayed(state.step),
+                          restore_s=round(time.perf_counter() - t0, 4), skipped_parts=sorted(skip))
+        if ctx.is_main and state.step < cfg.max_steps:  # at the end nothing is trained or deleted
+            self.retain(path)
+        return state.step
+    # --8<-- [end:checkpoint_restore]
+
+
+def _loadable(state: TrainState, path: Path, manifest: dict[str, Any]) -> str | None:
+    """Why this rank cannot load its part of `path`, or None when it can."""
+    try:
+        LAYOUTS[manifest["layout"]].check_loadable(state, path)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def _first_reason(reason: str | None, ctx: DistContext) -> str | None:
+    """Every rank's reason, agreed: the first rank's that has one, naming it."""
+    if not ctx.distributed:
+        return reason
+    reasons: list[str | None] = [None] * ctx.world_size
+    dist.all_gather_object(reasons, reason)
+    return next((f"rank {r}: {text}" for r, text in enumerate(reasons) if text), None)
+
+
+def rebase_schedule(state: TrainState, cfg: TrainConfig, saved_fields: dict[str, Any], log: EventLog) -> None:
+    """Continue on the schedule `cfg` defines when an allowed change altered it.
+
+    The restored scheduler and optimizer carry the old schedule's base rate and next
+    rate; left alone, the new fields would take effect one step late and only partly.
+    The event shows the rate the old and the new schedule give the next step.
+    """
+    changed = [f for f in SCHEDULE_FIELDS if saved_fields.get(f) != getattr(cfg, f)]
+    if not changed or "scheduler" in cfg.resume_skip:
+        return
+    old_lr = state.optimizer.param_groups[0]["lr"]
+    state.scheduler.base_lrs = [cfg.lr for _ in state.optimizer.param_groups]
+    new_lr = cfg.lr * lr_multiplier(state.step, cfg)
+    for group in state.optimizer.param_groups:
+        group["lr"] = new_lr
+    log.progress("lr_schedule_changed", step=state.step, changed=changed, old_lr=old_lr, new_lr=new_lr)

@@ -1,0 +1,28 @@
+"""Test helpers that look into a checkpoint directory through the manager's own rules."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+from reference_impl.checkpoint import CheckpointManager
+from reference_impl.checkpoint import manifest as manifests
+from reference_impl.metrics import EventLog
+
+
+def manager(root: Path, keep_last: int = 1) -> CheckpointManager:
+    """A manager of `root` whose events go nowhere."""
+    return CheckpointManager(root, EventLog(0, io.StringIO()), keep_last)
+
+
+def published(root: Path) -> list[Path]:
+    """Every entry named like a published checkpoint, newest first."""
+    return [path for _, path in manager(root).steps()]
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """The manifest of `path` once every file it lists has verified (raises `CheckpointError`)."""
+    manifest = manifests.read_manifest(path)
+    manifests.verify(path, manifest)
+    return manifest

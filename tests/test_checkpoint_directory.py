@@ -1,0 +1,150 @@
+"""The checkpoint directory as the manager owns it: retention that never costs a valid
+checkpoint, step names that are ASCII or nothing, a lock that writes through no link,
+permissions that no umask widens, and odd files that are reasons, not hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoints import published, verify
+from launch import REPO, Run, python_module, run_command
+from reference_impl.checkpoint.lock import DirectoryLock
+
+pytestmark = pytest.mark.timeout(120)
+
+FLAGS = ["--warmup-steps", "2", "--log-every", "10", "--micro-batch-size", "8", "--dataset-size", "256",
+         "--hidden-dim", "32"]
+
+
+def train(ckpt: Path, steps: int, every: int, keep: int, *extra: str) -> Run:
+    run = python_module([*FLAGS, "--max-steps", str(steps), "--checkpoint-every", str(every),
+                         "--keep-last", str(keep), "--checkpoint-dir", str(ckpt), *extra], timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def files_of(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def forty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 40-step run with checkpoints at 20, 30 and 40."""
+    ckpt = tmp_path_factory.mktemp("forty") / "ckpt"
+    train(ckpt, 40, 10, 3)
+    assert [p.name for p in published(ckpt)] == ["step-00000040", "step-00000030", "step-00000020"]
+    return ckpt
+
+
+def test_a_corrupt_newer_directory_never_costs_a_valid_checkpoint(forty: Path, tmp_path: Path) -> None:
+    """A corrupt step 48 above everything: saving 45 under --keep-last 1 keeps 45, deletes 40 and
+    older, and leaves 48 alone; a relaunch resumes from 45."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(forty, ckpt)
+    corrupt = ckpt / "step-00000048"
+    shutil.copytree(ckpt / "step-00000040", corrupt)
+    (corrupt / "train.pt").write_bytes(b"garbage")
+    before = files_of(corrupt)
+    run = train(ckpt, 45, 5, 1, "--allow-config-change", "max_steps")
+    assert run.of("checkpoint_restored")[0]["step"] == 40
+    assert [p.name for p in published(ckpt)] == ["step-00000048", "step-00000045"]
+    verify(ckpt / "step-00000045")
+    assert files_of(corrupt) == before, "the invalid directory is left for inspection"
+    again = train(ckpt, 45, 5, 1)
+    assert again.of("checkpoint_restored")[0]["step"] == 45
+
+
+@pytest.mark.parametrize("name", ["step-٠٠٠٠٠٠٣٠", "step-00000050\n", "step-０００００００５０", "step-0000005"])
+def test_only_ascii_step_names_count_and_others_are_ignored_with_a_reason(
+        name: str, forty: Path, tmp_path: Path) -> None:
+    """A copy of step 30 under a name that is not ASCII `step-` + eight digits is never restored
+    (Arabic-Indic digits sort above every real step) and never pushes out a real one."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(forty, ckpt)
+    impostor = ckpt / name
+    shutil.copytree(ckpt / "step-00000030", impostor)
+    run = train(ckpt, 45, 5, 1, "--allow-config-change", "max_steps")
+    assert run.of("checkpoint_restored")[0]["step"] == 40
+    assert [e["path"] for e in run.of("checkpoint_ignored")] == [str(impostor)]
+    assert [p.name for p in published(ckpt)] == ["step-00000045"]
+    assert impostor.is_dir(), "a name that is not ours is never deleted"
+
+
+def test_the_lock_never_writes_through_a_planted_link(forty: Path, tmp_path: Path) -> None:
+    ckpt, victim = tmp_path / "ckpt", tmp_path / "victim"
+    shutil.copytree(forty, ckpt)
+    victim.write_text("precious")
+    (ckpt / ".lock").unlink(missing_ok=True)
+    (ckpt / ".lock").symlink_to(victim)
+    train(ckpt, 40, 10, 3)
+    assert victim.read_text() == "precious", "the link's target was opened"
+    assert stat.S_ISREG((ckpt / ".lock").lstat().st_mode), "the link was replaced by a file of our own"
+
+
+def test_a_forked_child_does_not_inherit_the_lock(tmp_path: Path) -> None:
+    """A DataLoader worker (a fork) outliving its rank must not keep a relaunch out: a record
+    lock (`lockf`) is not inherited across fork, an `flock` would be."""
+    lock = DirectoryLock(tmp_path).__enter__()
+    child = os.fork()
+    if child == 0:  # the child keeps the descriptor open, as a worker would
+        import time
+        time.sleep(5)
+        os._exit(0)
+    try:
+        lock.__exit__(None, None, None)
+        probe = [sys.executable, "-c", "import sys; from pathlib import Path; "
+                 "from reference_impl.checkpoint.lock import DirectoryLock; "
+                 "DirectoryLock(Path(sys.argv[1])).__enter__()", str(tmp_path)]
+        result = subprocess.run(probe, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr[-2000:]
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
+@pytest.mark.parametrize("layout", ["torch_save", "dcp"])
+def test_checkpoints_are_never_world_writable_even_under_umask_000(layout: str, tmp_path: Path) -> None:
+    ckpt = tmp_path / "new" / "ckpt"
+    extra = ["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "64"] if layout == "dcp" else []
+    cmd = ["bash", "-c", 'umask 000; exec "$0" -m reference_impl.train "$@"', sys.executable, *FLAGS,
+           "--max-steps", "2", "--checkpoint-every", "1", "--checkpoint-dir", str(ckpt), *extra]
+    run = run_command(cmd, timeout=90)
+    assert run.returncode == 0, run.stderr[-3000:]
+    modes = {str(p.relative_to(tmp_path)): stat.S_IMODE(p.lstat().st_mode)
+             for p in [tmp_path / "new", ckpt, *ckpt.rglob("*")]}
+    assert any("dcp/" in name for name in modes) == (layout == "dcp")
+    wrong = {name: oct(mode) for name, mode in modes.items()
+             if mode != (0o755 if (tmp_path / name).is_dir() else 0o644)}
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_progress_note_that_is_not_a_file_neither_hangs_nor_fails_the_run(
+        kind: str, forty: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(forty, ckpt)
+    progress = ckpt / "progress.json"
+    progress.unlink()
+    os.mkfifo(progress) if kind == "fifo" else progress.mkdir()
+    run = train(ckpt, 45, 5, 3, "--allow-config-change", "max_steps")
+    assert run.of("checkpoint_restored")[0]["steps_replayed"] == 0
+    assert json.loads(progress.read_text()) == {"step": 45}
+
+
+@pytest.mark.parametrize("path", ["/proc/sample-log", "{file}/sub"])
+def test_an_unwritable_sample_log_exits_2_with_one_line_before_training(path: str, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    run = python_module([*FLAGS, "--max-steps", "2", "--sample-log", path.format(file=tmp_path / "file")],
+                        timeout=60)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sample_log" in lines[0], run.stderr[-2000:]
+    assert run.of("run_start") == [], "refused before any process group or model"
