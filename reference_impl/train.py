@@ -28,7 +28,7 @@ from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
-from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent
+from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import dims_of, wrap_model
@@ -57,9 +57,11 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
                                           global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     # The loader's own generator seeds its workers, so creating an iterator (at an epoch
     # start, or mid-epoch after a resume) never draws from the global RNG that dropout uses.
+    # Its workers take SIGTERM only from the rank: a preemption stops the rank, which stops them.
     loader = DataLoader(dataset, batch_size=cfg.micro_batch_size, sampler=sampler,
                         num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda",
-                        generator=torch.Generator().manual_seed(cfg.seed + dp_rank))
+                        generator=torch.Generator().manual_seed(cfg.seed + dp_rank),
+                        worker_init_fn=loader_worker_init)
     model = wrap_model(build_model(cfg), cfg, ctx, mesh)  # under pipeline parallel: this rank's stage
     pipeline = build_pipeline(model, mesh.device_mesh["pp"], cfg, ctx.device) if mesh.pp > 1 else None
     optimizer = build_optimizer(model, cfg)

@@ -4,12 +4,15 @@ the sample log, a full disk and bad input. Each run is a small MLP (a few second
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from checkpoints import manager, published
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
+from reference_impl.lifecycle import loader_worker_init
 from reference_impl.step import lr_multiplier
 
 pytestmark = pytest.mark.timeout(120)
@@ -136,6 +140,31 @@ def test_sigterm_past_the_grace_period_exits_without_a_torn_checkpoint(tmp_path:
     assert run.returncode == 1 and run.of("run_complete") == []
     assert "grace" in run.of("error")[0]["message"]
     assert [p.name for p in published(ckpt)] == ["step-00000010"]
+
+
+def _loader_worker(ready: Event) -> None:
+    loader_worker_init(0)
+    ready.set()
+    time.sleep(60)
+
+
+def test_a_loader_worker_ignores_the_groups_sigterm_but_not_its_ranks() -> None:
+    fork = multiprocessing.get_context("fork")  # as the DataLoader starts its workers; this process is the rank
+    ready = fork.Event()
+    worker = fork.Process(target=_loader_worker, args=(ready,), daemon=True)
+    worker.start()
+    try:
+        assert ready.wait(30)
+        outsider = f"import os, signal; os.kill({worker.pid}, signal.SIGTERM)"  # as torchrun's killpg
+        subprocess.run([sys.executable, "-c", outsider], check=True, timeout=30)
+        worker.join(1.0)
+        assert worker.is_alive(), "a SIGTERM from outside ended a loader worker"
+        worker.terminate()  # from the rank, as Python's exit does to daemonic workers
+        worker.join(10)
+        assert worker.exitcode == -signal.SIGTERM
+    finally:
+        worker.kill()
+        worker.join(10)
 
 
 # Item 6: the sample log on a restart before the first checkpoint.

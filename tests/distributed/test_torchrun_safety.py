@@ -14,6 +14,7 @@ import pytest
 
 from launch import REPO, descendants, kill_tree, python_module, torchrun
 from reference_impl.launch import torchrun_command
+from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -30,10 +31,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_endless_run(ckpt: Path) -> subprocess.Popen:
+def start_endless_run(ckpt: Path, *flags: str) -> subprocess.Popen:
     """A 2-rank torchrun job that trains until stopped; its events come on the agent's stdout."""
     cmd = torchrun_command(2, "reference_impl.train", [*BASE, "--max-steps", "1000000", "--checkpoint-every", "0",
-                                                       "--checkpoint-dir", str(ckpt)])
+                                                       "--checkpoint-dir", str(ckpt), *flags])
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
 
@@ -60,6 +61,44 @@ def test_workers_die_with_a_sigkilled_agent(tmp_path: Path) -> None:
     assert relaunch.returncode == 0, relaunch.stderr[-3000:]  # the lock went with the workers
 
 
+def importing_torch(pid: int) -> bool:
+    """True once `pid` has mapped libtorch: it is inside `import torch`, past the package's
+    `__init__` and still a second or more from the trainer's `main()`."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return "libtorch" in f.read()
+    except OSError:
+        return False
+
+
+def test_workers_die_with_an_agent_sigkilled_while_they_import(tmp_path: Path) -> None:
+    agent = start_endless_run(tmp_path, "--checkpoint-every", "1")
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            workers = descendants(agent.pid)
+            if len(workers) >= 2 and all(importing_torch(pid) for pid in workers):
+                break
+            time.sleep(0.005)
+        assert len(workers) == 2, f"expected two workers importing torch, found {workers}"
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        deadline = time.monotonic() + 30  # they die once their imports end (seconds on a loaded machine)
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = [pid for pid in workers if alive(pid)]
+    finally:
+        for pid in workers:  # orphans are outside the agent's tree, and hold its stdout open
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        kill_tree(agent)
+    assert survivors == [], "workers outlived an agent that died while they were starting"
+    assert not list(tmp_path.glob("step-*")), "an orphaned worker published a checkpoint"
+    with DirectoryLock(tmp_path):  # a relaunch would get the lock
+        pass
+
+
 @pytest.mark.slow
 @pytest.mark.slow  # three torchrun launches: a reference, the stopped attempt and its restart
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_exactly(tmp_path: Path) -> None:
@@ -73,24 +112,31 @@ def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_e
     assert run.digest() == reference.digest()
 
 
-def test_sigterm_to_the_agent_is_forwarded_and_ends_with_a_checkpoint(tmp_path: Path) -> None:
-    agent = start_endless_run(tmp_path)
+@pytest.mark.parametrize("workers", [0, 2], ids=["no_loader_workers", "loader_workers"])
+def test_sigterm_to_the_agent_is_forwarded_and_ends_with_a_checkpoint(tmp_path: Path, workers: int) -> None:
+    agent = start_endless_run(tmp_path, "--num-workers", str(workers))
+    tree: list[int] = []
     try:
         lines = []
         for line in agent.stdout:  # type: ignore[union-attr]
             lines.append(line)
             if '"event": "step"' in line:
+                tree = descendants(agent.pid)  # the ranks and their DataLoader workers
                 agent.send_signal(signal.SIGTERM)
                 break
-        lines += agent.stdout.read().splitlines()  # type: ignore[union-attr]
+        lines += agent.stdout.read().splitlines(keepends=True)  # type: ignore[union-attr]
         agent.wait(60)
     finally:
         kill_tree(agent)
     events = [json.loads(line) for line in lines if line.startswith("{")]
     preempted = [e for e in events if e["event"] == "preempted"]
     saved = [e for e in events if e["event"] == "checkpoint_saved"]
-    assert len(preempted) == 1 and saved and saved[-1]["step"] == preempted[0]["step"]
+    assert len(tree) == 2 + 2 * workers, tree
+    assert len(preempted) == 1, "".join(lines)[-3000:]
+    assert preempted[0]["exit_status"] == PREEMPTED_EXIT
+    assert saved and saved[-1]["step"] == preempted[0]["step"]
     assert (tmp_path / f"step-{preempted[0]['step']:08d}" / "manifest.json").is_file()
+    assert [pid for pid in tree if alive(pid)] == [], "a process outlived the stopped job"
 
 
 @pytest.mark.slow
