@@ -185,3 +185,20 @@ def test_retention_keeps_only_the_last_n(tmp_path: Path) -> None:
     run = train(tmp_path, "--keep-last", "1")
     assert [e["step"] for e in run.of("checkpoint_saved")] == [10, 20, 30]
     assert [p.name for p in published(tmp_path)] == ["step-00000030"]
+
+
+def test_the_checkpoint_modules_import_only_those_beneath_them() -> None:
+    """The package is layered (files -> ... -> manager): no module imports a later one, so
+    no import circle can come back."""
+    import ast
+
+    order = ["files", "integrity", "dcp_safe", "layouts", "manifest", "publish", "lock", "manager"]
+    package = Path(__file__).resolve().parents[1] / "reference_impl" / "checkpoint"
+    assert sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__") == sorted(order)
+    for position, name in enumerate(order):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported = {node.module.rsplit(".", 1)[-1] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module and node.module.startswith("reference_impl.checkpoint.")}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and node.module == "reference_impl.checkpoint" for alias in node.names}
+        assert imported <= set(order[:position]), f"{name} imports {sorted(imported - set(order[:position]))}"
