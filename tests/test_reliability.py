@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, Run, python_module
+import preemption_worker
+from launch import REPO, Run, free_port, python_module, spawn
 from reference_impl.checkpoint import CheckpointError, published
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -136,6 +137,18 @@ def test_sigterm_past_the_grace_period_exits_without_a_torn_checkpoint(tmp_path:
     assert run.returncode == 1 and run.of("run_complete") == []
     assert "grace" in run.of("error")[0]["message"]
     assert [p.name for p in published(ckpt)] == ["step-00000010"]
+
+
+def test_a_sigterm_on_one_rank_stops_every_rank_after_the_same_step(tmp_path: Path) -> None:
+    """Two gloo ranks: a signal that reached only one of them (either) makes `should_stop`
+    True on both, so both save the same step; with no signal both go on."""
+    spawn(preemption_worker.signalled_ranks, (2, free_port(), str(tmp_path)))
+    answers = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, answer in enumerate(answers):
+        assert answer["None"] == {"requested": False, "stop": False, "logged": False}
+        for signalled in (0, 1):
+            assert answer[str(signalled)] == {"requested": rank == signalled, "stop": True,
+                                              "logged": rank == signalled}, (rank, signalled)
 
 
 # Item 6: the sample log on a restart before the first checkpoint.
