@@ -1,5 +1,6 @@
 """Operational safety in one process: the end of the run, the directory lock, SIGTERM,
-the sample log, a full disk and bad input. Each run is a small MLP (a few seconds)."""
+the sample log, a full disk and bad input. Each run is a small MLP (a few seconds); the
+ranks' agreement on SIGTERM is checked on a two-process gloo group, without torchrun."""
 
 from __future__ import annotations
 
