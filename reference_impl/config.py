@@ -20,6 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args, get_type_hints
+
 # --8<-- [end:imports]
 
 STRATEGIES = ("ddp", "fsdp")
@@ -325,13 +326,13 @@ class TrainConfig:
         Raises:
             ConfigError: A flag is unknown, malformed or inconsistent with the others.
         """
-        environ = os.environ if environ is None else environ
+        env = os.environ if environ is None else environ
         namespace = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
         values = {k: v for k, v in vars(namespace).items() if v is not None}
         try:
-            values["world_size"] = int(environ.get("WORLD_SIZE", "1"))
+            values["world_size"] = int(env.get("WORLD_SIZE", "1"))
         except ValueError:
-            _fail(f"WORLD_SIZE must be an integer (got {environ['WORLD_SIZE']!r})")
+            _fail(f"WORLD_SIZE must be an integer (got {env['WORLD_SIZE']!r})")
         return cls(**values)
 
 
@@ -367,7 +368,7 @@ def field_docs() -> dict[str, str]:
     tree = ast.parse(inspect.getsource(TrainConfig))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
-    for node, nxt in zip(body, body[1:]):
+    for node, nxt in zip(body, body[1:], strict=False):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
             docs[node.target.id] = str(nxt.value.value)

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Sampler
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.distributed import destroy
 
 
@@ -239,7 +239,7 @@ def ddp_allreduce_count_worker(rank: int, world_size: int, port: int, out_dir: s
         for mode in ("naive", "ours"):
             torch.manual_seed(0)
             model = DDP(nn.Linear(8, 4))
-            calls = []
+            calls: list[int] = []
 
             def counting_hook(state, bucket, calls=calls):  # unannotated: DDP checks annotations
                 calls.append(bucket.index())

@@ -11,11 +11,14 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Dataset, Sampler
+
 # --8<-- [end:imports]
 
 # --8<-- [start:sample]
 Sample = tuple[torch.Tensor, torch.Tensor, int]
 # --8<-- [end:sample]
+# What a DataLoader yields: the samples' inputs, targets and indices, each stacked into a tensor.
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 # --8<-- [start:synthetic_datasets]

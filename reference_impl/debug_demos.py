@@ -16,11 +16,13 @@ import os
 import sys
 from datetime import timedelta
 
+# isort: split
 # --8<-- [start:imports]
 import time
 
 import torch
 import torch.distributed as dist
+
 # --8<-- [end:imports]
 
 

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+
 # --8<-- [end:imports]
 
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -175,7 +175,18 @@ GPT3 = (("125M", 125e6, 768, 12, 12), ("350M", 350e6, 1024, 24, 16), ("1.3B", 1.
         ("2.7B", 2.7e9, 2560, 32, 32), ("6.7B", 6.7e9, 4096, 32, 32), ("13B", 13e9, 5120, 40, 40),
         ("30B", 30e9, 7168, 48, 56), ("70B", 70e9, 8192, 80, 64))
 ZERO_STAGES = ("ddp", "zero1", "zero2", "zero3")
-MEMORY_INPUTS = {"world_size": 8, "seq_len": 2048, "micro_batch": 1, "activation_checkpointing": True}
+
+
+class _MemoryInputs(TypedDict):
+    """The `calc.memory` inputs every point of the memory plot shares."""
+
+    world_size: int
+    seq_len: int
+    micro_batch: int
+    activation_checkpointing: bool
+
+
+MEMORY_INPUTS: _MemoryInputs = {"world_size": 8, "seq_len": 2048, "micro_batch": 1, "activation_checkpointing": True}
 
 
 @dataset("memory")
@@ -184,8 +195,8 @@ def memory() -> dict[str, Any]:
     [`calc.memory`][reference_impl.calc.memory] (mixed-precision Adam, 16 bytes per
     parameter, activation checkpointing); nothing is measured."""
     models = [{"name": n, "params": p, "hidden": h, "n_layers": layers, "n_heads": a} for n, p, h, layers, a in GPT3]
-    curves = {s: [calc.memory(params=m["params"], hidden=m["hidden"], n_layers=m["n_layers"], n_heads=m["n_heads"],
-                              strategy=s, **MEMORY_INPUTS) for m in models] for s in ZERO_STAGES}
+    curves = {s: [calc.memory(params=p, hidden=h, n_layers=layers, n_heads=a, strategy=s, **MEMORY_INPUTS)
+                  for _, p, h, layers, a in GPT3] for s in ZERO_STAGES}
     return {"inputs": MEMORY_INPUTS, "models": models, "curves": curves}
 
 
@@ -258,7 +269,8 @@ def allreduce() -> dict[str, Any]:
     median = [statistics.median(runs[s]) for s in sizes]
     ring = [calc.ring_allreduce(size_bytes=s, world_size=2, bandwidth_bytes_per_s=1.0) for s in sizes]
     # time = bytes_per_rank / bandwidth + steps x latency; each row divided by its median
-    rows = torch.tensor([[r["bytes_per_rank"] / t, r["steps"] / t] for r, t in zip(ring, median)], dtype=torch.float64)
+    rows = torch.tensor([[r["bytes_per_rank"] / t, r["steps"] / t] for r, t in zip(ring, median, strict=True)],
+                        dtype=torch.float64)
     inverse_bandwidth, latency = torch.linalg.lstsq(rows, torch.ones(len(sizes), 1, dtype=torch.float64)
                                                     ).solution.flatten().tolist()
     if inverse_bandwidth <= 0 or latency <= 0:

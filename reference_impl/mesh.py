@@ -14,8 +14,8 @@ from functools import cached_property
 
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 
 # --8<-- [start:axes]

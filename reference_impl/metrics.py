@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 import torch
+
 # --8<-- [end:imports]
 
 PHASES = ("data", "h2d", "forward", "backward", "optimizer")

@@ -10,11 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
-                                               RowwiseParallel, SequenceParallel)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 from torch.utils.checkpoint import checkpoint
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 
 

@@ -270,7 +270,8 @@ import time
 class PhaseTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.seconds, self.pending = collections.defaultdict(float), []
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.pending: list[tuple] = []  # (phase, start event, end event), read at flush
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -312,7 +313,7 @@ def rng_state() -> dict:
     # NumPy's state holds an ndarray that weights_only loading refuses: store tensors and ints.
     _, keys, pos, has_gauss, cached = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": [torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]}
+             "numpy": [torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, cached]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -353,7 +354,7 @@ def save_checkpoint(step: int, parts: dict, cfg: Config, ranks: Ranks):
         shutil.rmtree(tmp, ignore_errors=True)  # debris of a crash during an earlier save
         os.makedirs(tmp)
     barrier(ranks)
-    files = {f"rank-{ranks.rank:05d}.pt": {"rng": rng_state()}}
+    files: dict[str, dict] = {f"rank-{ranks.rank:05d}.pt": {"rng": rng_state()}}
     if ranks.rank == 0:
         files["train.pt"] = {"step": step, **{name: part.state_dict() for name, part in parts.items()}}
     hashes = {}
@@ -406,7 +407,7 @@ def verify(path: str) -> dict:
 
 def restore_checkpoint(parts: dict, cfg: Config, ranks: Ranks) -> int:
     """Load the newest valid checkpoint into `parts` and return its step (0 if there is none)."""
-    choice = [{}]
+    choice: list[dict] = [{}]
     if ranks.rank == 0 and os.path.isdir(cfg.checkpoint_dir):
         for name in sorted((d for d in os.listdir(cfg.checkpoint_dir) if d.startswith("step-")), reverse=True):
             path = os.path.join(cfg.checkpoint_dir, name)
@@ -512,7 +513,7 @@ def train(cfg: Config) -> dict:
                     log("step", step=step, loss=value, lr=scheduler.get_last_lr()[0], phase_ms=timer.flush())
                 if step == cfg.max_steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                     save_checkpoint(step, parts, cfg, ranks)
-        result = {"event": "run_complete", "step": step, "state_digest": state_digest(model, optimizer)}
+        result: dict = {"event": "run_complete", "step": step, "state_digest": state_digest(model, optimizer)}
         log(**result)
         barrier(ranks)  # meet before teardown: gloo's threads finish releasing tensors first
         return result
@@ -525,6 +526,7 @@ def train(cfg: Config) -> dict:
 # --8<-- [start:run]
 # Cell 10: run it. As a script the flags apply; in a notebook the Config defaults do.
 import sys
+
 
 def run(argv: list[str] | None = None) -> dict:
     try:

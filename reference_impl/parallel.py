@@ -19,8 +19,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl import pipeline, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -41,7 +41,7 @@ def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
         if cfg.precision == "bf16" else MixedPrecisionPolicy()
     # Shard each block first so its parameters are gathered just before use and freed
     # right after; the root call then covers the leftovers (embeddings, head).
-    for block in model.blocks.children() if hasattr(model, "blocks") else ():
+    for block in model.get_submodule("blocks").children() if hasattr(model, "blocks") else ():
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
@@ -91,7 +91,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: Paral
     """Move the model to its device and apply the parallelism of every used mesh axis."""
     model = model.to(ctx.device)
     if cfg.activation_checkpointing:
-        model.checkpoint_blocks = True
+        model.checkpoint_blocks = True  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
     if not ctx.distributed:
         return model
     for parallelism in PARALLELISMS.values():

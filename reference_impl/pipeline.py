@@ -23,10 +23,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
-from reference_impl.model import loss_fn, run_blocks
+from reference_impl.model import TinyTransformer, loss_fn, run_blocks
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -49,25 +49,27 @@ class Stage(nn.Module):
     by the stages together restores into any other number of stages, or none.
     """
 
-    def __init__(self, model: nn.Module, stage: int, pp_degree: int,
+    def __init__(self, model: TinyTransformer, stage: int, pp_degree: int,
                  autocast_dtype: torch.dtype | None = None) -> None:
         """Take stage `stage` of `pp_degree` from a `TinyTransformer` built on every rank."""
         super().__init__()
         self.first, self.last = stage == 0, stage == pp_degree - 1
         self.autocast_dtype, self.checkpoint_blocks = autocast_dtype, model.checkpoint_blocks
         # Shared modules, not copies: every rank built the same seeded model and keeps its part.
-        self.embed, self.pos = (model.embed, model.pos) if self.first else (None, None)
+        self.embed: nn.Embedding | None = model.embed if self.first else None
+        self.pos: nn.Parameter | None = model.pos if self.first else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i]
                                      for i in stage_layers(len(model.blocks), pp_degree, stage)})
-        self.norm, self.head = (model.norm, model.head) if self.last else (None, None)
+        self.norm: nn.LayerNorm | None = model.norm if self.last else None
+        self.head: nn.Linear | None = model.head if self.last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Autocast here, not around the schedule: the schedule also runs the backward pass.
         with torch.autocast(x.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            if self.first:  # x holds token ids
+            if self.embed is not None and self.pos is not None:  # the first stage: x holds token ids
                 x = self.embed(x) + self.pos[: x.shape[1]]
             x = run_blocks(self.blocks.values(), x, recompute=self.checkpoint_blocks and self.training)
-            return self.head(self.norm(x)) if self.last else x
+            return self.head(self.norm(x)) if self.norm is not None and self.head is not None else x
 # --8<-- [end:stage]
 
 
@@ -77,7 +79,12 @@ def split(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> Stage:
     Every rank builds the whole model first and keeps one stage of it; the rest is freed
     when the caller drops the model. (A model too large for one device would be built on
     the meta device and only its stage materialised.)
+
+    Raises:
+        TypeError: `model` is not a `TinyTransformer`, the model cut into stages of blocks.
     """
+    if not isinstance(model, TinyTransformer):  # the config allows pipeline stages for the transformer only
+        raise TypeError(f"pipeline stages are cut from a TinyTransformer, not {type(model).__name__}")
     return Stage(model, mesh.get_local_rank(), mesh.size(),
                  autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
 
@@ -171,7 +178,7 @@ class _TimedStage(nn.Module):
 
 
 def measure_bubble(kind: str, microbatches: int, forward_s: float = 0.02, backward_s: float = 0.04,
-                   rounds: int = 2) -> dict[str, float]:
+                   rounds: int = 2) -> dict[str, Any]:
     """Measured idle share of one stage per step, against `bubble_fraction` (collective).
 
     Every stage's forward and backward of one micro-batch sleep a fixed time, so a stage

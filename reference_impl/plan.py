@@ -26,7 +26,7 @@ temporary buffers), so treat a fit within a few GB of the limit as a risk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reference_impl import calc
 from reference_impl.calc import _count, _flag, _positive
@@ -173,10 +173,10 @@ def evaluate(job: Job, *, dp_replicate: int, dp_shard: int, tp: int, pp: int, mi
     ac = _flag("activation_checkpointing", activation_checkpointing)
     if r * s * t * p != job.n_gpus:
         raise ValueError(f"mesh {r}x{s}x{t}x{p} has {r * s * t * p} GPUs, the job has {job.n_gpus}")
-    chosen = {"dp_replicate": r, "dp_shard": s, "tp": t, "pp": p, "micro_batch": b, "activation_checkpointing": ac}
+    chosen = Plan(dp_replicate=r, dp_shard=s, tp=t, pp=p, micro_batch=b, activation_checkpointing=ac)
     problem = _layout_problem(job, t, p, r * s, b)
     if problem:
-        return Plan(**chosen, rejected=problem)
+        return replace(chosen, rejected=problem)
     m = job.global_batch // (r * s * b)
     stage_params, stage_layers = job.params / (t * p), job.n_layers // p
     # Sequence parallelism splits every activation t ways, as a sequence t times shorter would.
@@ -206,10 +206,10 @@ def evaluate(job: Job, *, dp_replicate: int, dp_shard: int, tp: int, pp: int, mi
     mfu = calc.mfu(flops_per_sample=job.flops_per_sequence, samples_per_step=job.global_batch, step_time_s=step,
                    n_gpus=job.n_gpus, peak_flops_per_gpu=job.peak_flops_per_gpu)["mfu"]
     limit = job.gpu_memory_bytes
-    return Plan(**chosen, rejected=f"needs {total / 1e9:.0f} GB per GPU, over {limit / 1e9:.0f} GB" if total > limit
-                else "", microbatches=m, model_state_bytes=mem["model_state_bytes"],
-                activation_bytes=mem["activation_bytes"] + gathered, memory_bytes=total, compute_s=compute,
-                tp_comm_s=tp_s, bubble_fraction=bubble, dp_comm_s=dp_s, step_time_s=step, mfu=mfu)
+    rejected = f"needs {total / 1e9:.0f} GB per GPU, over {limit / 1e9:.0f} GB" if total > limit else ""
+    return replace(chosen, rejected=rejected, microbatches=m, model_state_bytes=mem["model_state_bytes"],
+                   activation_bytes=mem["activation_bytes"] + gathered, memory_bytes=total, compute_s=compute,
+                   tp_comm_s=tp_s, bubble_fraction=bubble, dp_comm_s=dp_s, step_time_s=step, mfu=mfu)
 
 
 def _divisors(n: int) -> list[int]:

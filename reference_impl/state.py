@@ -14,8 +14,8 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.data import ResumableDistributedSampler, Sample
 from reference_impl.mesh import ParallelDims
 
@@ -86,7 +86,7 @@ def merge_stages(stages: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[d
     model_sd = {k: v for model_part, _ in stages for k, v in model_part.items()}
     optim_state = {k: v for _, optim_part in stages for k, v in optim_part["state"].items()}
     groups = [{**same[0], "params": [name for group in same for name in group["params"]]}
-              for same in zip(*(optim_part["param_groups"] for _, optim_part in stages))]
+              for same in zip(*(optim_part["param_groups"] for _, optim_part in stages), strict=True)]
     return model_sd, {"state": optim_state, "param_groups": groups}
 
 
@@ -135,7 +135,7 @@ def rng_state() -> dict[str, Any]:
     _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+        "numpy": {"keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }

@@ -12,10 +12,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
-from reference_impl.data import Sample
+from reference_impl.data import Batch
 from reference_impl.metrics import PhaseTimer
 from reference_impl.model import loss_fn
 from reference_impl.parallel import gradient_sync
@@ -57,7 +57,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lambd
 
 
 # --8<-- [start:train_step]
-def train_step(model: nn.Module, batches: Iterator[Sample], optimizer: torch.optim.Optimizer,
+def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.optim.Optimizer,
                scheduler: LambdaLR, scaler: torch.amp.GradScaler | None, cfg: TrainConfig,
                device: torch.device, timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Run `grad_accum_steps` micro-batches and one optimizer step.
@@ -131,7 +131,7 @@ def clip_gradients(parameters: list[nn.Parameter], max_norm: float,
 
 
 # --8<-- [start:pipeline_train_step]
-def pipeline_train_step(pipeline: Pipeline, model: nn.Module, batches: Iterator[Sample],
+def pipeline_train_step(pipeline: Pipeline, model: nn.Module, batches: Iterator[Batch],
                         optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: TrainConfig,
                         device: torch.device, timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`train_step` for one pipeline stage: the schedule runs forward and backward of every

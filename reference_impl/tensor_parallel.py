@@ -16,8 +16,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_module
 from torch.distributed.tensor.parallel import parallelize_module
-# --8<-- [end:imports]
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 
 
@@ -28,12 +28,14 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Modu
     Raises:
         TypeError: The model has no tensor-parallel plan.
     """
-    if not hasattr(model, "tp_plan"):
+    tp_plan = getattr(model, "tp_plan", None)
+    if tp_plan is None:
         raise TypeError(f"{type(model).__name__} has no tp_plan(); it cannot run tensor parallel")
-    parallelize_module(model, mesh, model.tp_plan())
+    parallelize_module(model, mesh, tp_plan())
     # Every parameter not yet a DTensor becomes a Replicate one; the root's inputs (token
     # ids, the same on every rank of the group) become Replicate DTensors to match.
-    distribute_module(model, mesh, input_fn=_replicate_inputs)
+    # torch annotates input_fn as returning None, but the pre-hook it installs returns its result: the new inputs.
+    distribute_module(model, mesh, input_fn=_replicate_inputs)  # type: ignore[arg-type]
     return model
 
 

@@ -295,6 +295,60 @@ def test_pipeline_bubble_matches_a_simulated_gpipe_schedule(p: int, m: int) -> N
     assert got["efficiency"] == pytest.approx(1 - got["bubble_fraction"])
 
 
+def _simulated_interleaved_idle_fraction(stages: int, microbatches: int, chunks: int) -> float:
+    """Idle share of an interleaved step, by scheduling every chunk's forward and backward.
+
+    The model is cut into `stages x chunks` pieces of one tick each (a stage's share of a
+    micro-batch takes `chunks` ticks); piece c lives on stage `c mod stages`. Each stage
+    runs its pieces in Megatron's depth-first order (micro-batches in groups of `stages`,
+    chunk by chunk), all forwards before all backwards, each piece as soon as the piece it
+    depends on has finished. With `chunks` = 1 this is the GPipe schedule above.
+    """
+    pieces = stages * chunks
+    groups = [range(g, min(g + stages, microbatches)) for g in range(0, microbatches, stages)]
+    order = {i: [("F", k * stages + i, j) for g in groups for k in range(chunks) for j in g]
+             + [("B", k * stages + i, j) for g in groups for k in reversed(range(chunks)) for j in g]
+             for i in range(stages)}
+
+    def needs(task: tuple[str, int, int]) -> tuple[str, int, int] | None:
+        kind, piece, j = task
+        if kind == "F":
+            return ("F", piece - 1, j) if piece else None
+        return ("F", piece, j) if piece == pieces - 1 else ("B", piece + 1, j)
+
+    done: dict[tuple[str, int, int], int] = {}
+    free, position = [0] * stages, [0] * stages
+    progressed = True
+    while progressed:  # sweep the stages until none can start its next piece
+        progressed = False
+        for i in range(stages):
+            while position[i] < len(order[i]):
+                task = order[i][position[i]]
+                before = needs(task)
+                if before is not None and before not in done:
+                    break
+                done[task] = free[i] = max(free[i], done[before] if before else 0) + 1
+                position[i] += 1
+                progressed = True
+    assert position == [len(order[i]) for i in range(stages)], "the schedule deadlocked"
+    busy = 2 * microbatches * chunks  # ticks of work per stage
+    return 1 - busy / max(free)
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 2, 2), (4, 8, 2), (4, 8, 3), (2, 6, 4), (8, 16, 2), (3, 9, 3),
+                                           (4, 4, 1), (3, 7, 1)])
+def test_interleaved_bubble_matches_a_simulated_interleaved_schedule(p: int, m: int, v: int) -> None:
+    """v chunks per stage cut the bubble's ticks to 1/v: (p - 1) / (v m + p - 1) of the step."""
+    got = calc.pipeline_bubble(stages=p, microbatches=m, interleave=v)
+    idle = _simulated_interleaved_idle_fraction(p, m, v)
+    assert got["bubble_fraction"] == pytest.approx(idle)
+    assert got["bubble_over_ideal"] == pytest.approx(idle / (1 - idle))  # idle time over busy time
+    assert got["bubble_over_ideal"] == pytest.approx((p - 1) / (v * m))
+    assert got["efficiency"] == pytest.approx(1 - idle)
+    if v == 1:
+        assert idle == pytest.approx(_simulated_gpipe_idle_fraction(p, m))
+
+
 def test_pipeline_bubble_matches_the_playbook_and_interleaving_shrinks_it() -> None:
     assert [round(calc.pipeline_bubble(stages=p, microbatches=m)["bubble_fraction"], 3)
             for p, m in ((4, 4), (4, 16), (8, 32))] == [0.429, 0.158, 0.179]

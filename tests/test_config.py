@@ -151,6 +151,12 @@ TP_ERRORS = [
     (["--tp-degree", "3", "--model", "transformer"], "2", "tp_degree (3) must divide the world size (2)"),
     (["--tp-degree", "2"], "2", "needs --model transformer"),
     (["--tp-degree", "2", "--model", "transformer", "--n-heads", "1"], "2", "must divide n_heads (1)"),
+    (["--tp-degree", "2", "--model", "transformer", "--seq-len", "33"], "2",
+     "tp_degree (2) must divide seq_len (33): tensor parallel splits it evenly"),
+    (["--tp-degree", "2", "--model", "transformer", "--vocab-size", "63"], "2",
+     "tp_degree (2) must divide vocab_size (63): tensor parallel splits it evenly"),
+    (["--tp-degree", "2", "--model", "transformer", "--hidden-dim", "127"], "2",
+     "tp_degree (2) must divide hidden_dim (127): tensor parallel splits it evenly"),
     (["--tp-degree", "2", "--model", "transformer"], "4", "needs --strategy fsdp"),
 ]
 PP = ["--model", "transformer", "--pp-degree", "2"]

@@ -12,6 +12,7 @@ import torch
 
 from reference_impl import measure
 from reference_impl.bench import BenchmarkError
+from reference_impl.metrics import PHASES
 
 
 def test_main_writes_one_json_per_dataset_with_its_metadata(tmp_path: Path) -> None:
@@ -41,6 +42,31 @@ def test_a_failed_measurement_exits_1_and_writes_nothing(tmp_path: Path, monkeyp
     assert measure.main(["--out", str(tmp_path), "--only", "memory"]) == 1
     assert not list(tmp_path.iterdir())
     assert "memory failed: the run died" in capsys.readouterr().err
+
+
+def test_phases_are_milliseconds_per_step_after_the_first_log_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each `step` event's `phase_s` sums its window since the last log (here 5, 5, 5 and 3
+    steps); the start-up window is dropped and the rest divided by the 13 steps it covers."""
+    per_step_ms = {"data": 1.0, "forward": 4.0, "backward": 6.0, "optimizer": 2.0}  # no h2d on the CPU
+    windows = [(5, 5), (10, 5), (15, 5), (18, 3)]
+    events = [{"event": "run_start"}]
+    for step, length in windows:
+        startup = 1.0 if step == 5 else 0.0  # seconds of warm-up in the first window only
+        events.append({"event": "step", "step": step,
+                       "phase_s": {p: length * ms / 1e3 + startup for p, ms in per_step_ms.items()}})
+    events.append({"event": "run_complete", "step": 18})
+    launched: list[list[str]] = []
+
+    def fake_events(module: str, args: list[str], max_restarts: int = 0) -> list[dict]:
+        launched.append(args)
+        return events
+
+    monkeypatch.setattr(measure, "_events", fake_events)
+    data = measure.phases()
+    assert len(launched) == len(measure.PHASE_CASES)
+    assert list(data["cases"]) == list(measure.PHASE_CASES) and data["phases"] == list(PHASES)
+    for case in data["cases"].values():
+        assert case == pytest.approx({"h2d": 0.0, **per_step_ms}), case
 
 
 def test_an_unknown_dataset_is_a_usage_error() -> None:

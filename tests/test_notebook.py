@@ -9,6 +9,7 @@ digest of the uninterrupted run. The short version runs where the package is abs
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
 import shutil
@@ -16,8 +17,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+import reference_impl.train as package_train
 from launch import REPO, Run, python_module, run_command, torchrun
+from reference_impl import notebook as nb
+from reference_impl import step as step_module
+from reference_impl.config import TrainConfig
+from reference_impl.data import ResumableDistributedSampler, SyntheticClassification
+from reference_impl.distributed import DistContext
+from reference_impl.metrics import EventLog, PhaseTimer
+from reference_impl.model import build_model
+from reference_impl.state import state_digest
 
 NOTEBOOK = REPO / "reference_impl" / "notebook.py"
 WITHOUT_PACKAGE = Path(__file__).with_name("without_package.py")
@@ -64,6 +75,120 @@ def test_imports_only_the_standard_library_torch_and_numpy() -> None:
     roots |= {node.module.split(".")[0] for node in ast.walk(tree)
               if isinstance(node, ast.ImportFrom) and node.module}
     assert roots - sys.stdlib_module_names == {"torch", "numpy"}
+
+
+SEEDS = [0, 1, 7, 123_457]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_data_order_equals_the_packages_at_every_seed_rank_and_epoch(seed: int) -> None:
+    """The sampler's per-epoch shuffle is seeded from (seed, epoch) exactly as the package's,
+    so every rank of every world size reads the same indices in the same order."""
+    for world in (1, 2, 4):
+        for rank in range(world):
+            ours = nb.ResumableSampler(200, 32, rank, world, seed)
+            theirs = ResumableDistributedSampler(200, world_size=world, rank=rank, global_batch_size=32, seed=seed)
+            for epoch in range(3):
+                ours.set_epoch(epoch)
+                theirs.set_epoch(epoch)
+                assert list(ours) == list(theirs), (world, rank, epoch)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_data_and_the_initial_weights_equal_the_packages_at_every_seed(seed: int) -> None:
+    cfg = nb.Config(seed=seed, dataset_size=256)
+    ours = nb.TeacherDataset(cfg)
+    theirs = SyntheticClassification(256, cfg.input_dim, cfg.num_classes, seed)
+    assert torch.equal(ours.x, theirs.x) and torch.equal(ours.y, theirs.y)
+    weights = nb.build_model(cfg, nb.Ranks(0, 0, 1, torch.device("cpu"))).state_dict()
+    package = build_model(TrainConfig(model="mlp", seed=seed)).state_dict()
+    assert list(weights) == list(package)
+    assert all(torch.equal(weights[k], package[k]) for k in weights)
+
+
+STEPS = 6  # three epochs of two steps: the data is 64 samples, the global batch 32
+
+
+def _notebook_in_process(seed: int, ckpt: Path) -> str:
+    """Train the notebook's trainer in this process (one rank); return its final digest."""
+    cfg = nb.Config(seed=seed, max_steps=STEPS, global_batch_size=32, micro_batch_size=16, dataset_size=64,
+                    checkpoint_dir=str(ckpt), checkpoint_every=0, log_every=STEPS)
+    return nb.train(cfg)["state_digest"]
+
+
+def _package_in_process(seed: int) -> str:
+    """Train the package's trainer in this process (one rank) with the notebook's settings."""
+    cfg = TrainConfig(model="mlp", seed=seed, max_steps=STEPS, micro_batch_size=16, grad_accum_steps=2,
+                      warmup_steps=5, precision="bf16", dataset_size=64, log_every=STEPS)
+    state = package_train.train(cfg, DistContext(), EventLog(0, io.StringIO()))
+    return state_digest(state.model, state.optimizer, state.mesh.group("pp"))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_per_rank_streams_equal_the_packages_at_every_seed(
+        seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both trainers seed the same per-rank generators from --seed: the global stream (dropout)
+    and the loader's own generator (its workers' seeds); after the same steps both streams
+    stand at the same state and the weights and optimizer agree bit for bit."""
+    class Recorded(torch.utils.data.DataLoader):
+        seeds: list[int] = []
+
+        def __init__(self, *args, generator: torch.Generator, **kwargs) -> None:
+            Recorded.seeds.append(generator.initial_seed())
+            super().__init__(*args, generator=generator, **kwargs)
+
+    monkeypatch.setattr(nb, "DataLoader", Recorded)
+    monkeypatch.setattr(package_train, "DataLoader", Recorded)
+    runs = []
+    for trainer in (lambda: _notebook_in_process(seed, tmp_path), lambda: _package_in_process(seed)):
+        Recorded.seeds = []
+        with torch.random.fork_rng(devices=[]):
+            digest = trainer()
+            runs.append({"digest": digest, "loader_seeds": Recorded.seeds, "global_seed": torch.initial_seed(),
+                         "global_state": torch.get_rng_state()})
+    ours, theirs = runs
+    assert ours["loader_seeds"] == theirs["loader_seeds"] == [seed]  # rank 0 of one
+    assert ours["global_seed"] == theirs["global_seed"] == seed
+    assert torch.equal(ours["global_state"], theirs["global_state"])
+    assert ours["digest"] == theirs["digest"]
+    capsys.readouterr()  # the notebook's JSON events
+
+
+def test_clipping_sees_the_unscaled_gradients_under_fp16_loss_scaling() -> None:
+    """With a GradScaler at 2**16 and a max-norm far below the gradient's norm, an SGD step
+    moves the weights by exactly lr x max-norm along the true gradient, as the package's step
+    does. Clipping before unscaling would measure a norm 65536 times too large and shrink
+    the step 65536-fold."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    gradient = [p.grad.clone() for p in model.parameters()]
+    norm = torch.linalg.vector_norm(torch.cat([g.flatten() for g in gradient]))
+    max_norm, lr = 1e-3, 0.5
+    assert norm > 100 * max_norm, "the clip must bite"
+
+    def one_step(step) -> list[torch.Tensor]:
+        """The weights after `step` trained a copy of the model on (x, y) once."""
+        copy = torch.nn.Linear(8, 3)
+        copy.load_state_dict(model.state_dict())
+        optimizer = torch.optim.SGD(copy.parameters(), lr=lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+        step(copy, optimizer, scheduler, scaler)
+        assert scaler.get_scale() == 2.0 ** 16, "no overflow: the step was taken"
+        return [p.detach() for p in copy.parameters()]
+
+    cpu = torch.device("cpu")
+    ours = one_step(lambda m, o, s, scaler: nb.train_step(
+        m, iter([(x, y)]), o, s, scaler, nb.Config(precision="fp32", grad_clip=max_norm), 1, cpu, nb.PhaseTimer(cpu)))
+    theirs = one_step(lambda m, o, s, scaler: step_module.train_step(
+        m, iter([(x, y, torch.arange(16))]), o, s, scaler, TrainConfig(precision="fp32", grad_clip=max_norm),
+        cpu, PhaseTimer(cpu)))
+    for before, g, a, b in zip(model.parameters(), gradient, ours, theirs, strict=True):
+        expected = before.detach() - lr * max_norm / norm * g
+        torch.testing.assert_close(a, expected, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_equals_the_package_on_one_process(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from reference_impl.plan import Job, Plan, best_per_mesh, evaluate, search
+from reference_impl.plan import Job, Plan, _bandwidth, best_per_mesh, evaluate, search
 
 GB = 1e9
 JOB = Job()
@@ -98,6 +98,34 @@ def test_bubble_is_the_calculators_and_stretches_compute() -> None:
     assert q.bubble_fraction == pytest.approx(3 / (q.microbatches + 3))
     assert q.step_time_s >= (q.compute_s + q.tp_comm_s) / (1 - q.bubble_fraction) - 1e-12
     assert _plan("1x8x8x1").bubble_fraction == 0
+
+
+@pytest.mark.parametrize("gpus_per_node", [1, 4, 8])
+def test_a_group_is_inside_a_node_up_to_exactly_the_node_size(gpus_per_node: int) -> None:
+    """A group spanning exactly one node's ranks uses the intra-node links; one rank more
+    crosses to another node and gets the network's bandwidth."""
+    job = dataclasses.replace(JOB, gpus_per_node=gpus_per_node)
+    assert _bandwidth(job, 1) == _bandwidth(job, gpus_per_node) == JOB.intra_node_bandwidth
+    assert _bandwidth(job, gpus_per_node + 1) == _bandwidth(job, 2 * gpus_per_node) == JOB.inter_node_bandwidth
+
+
+def test_each_groups_bandwidth_follows_its_span_on_the_node_boundary() -> None:
+    """In 1x8x8x1 the TP group spans 8 ranks (one node: 400 GB/s) and FSDP all 64 (the
+    network: 50 GB/s). With nodes of 4 GPUs, FSDP over 2 x TP 2 fills one node exactly and
+    stays on its links; FSDP over 2 x TP 4 spans two nodes; the replicas always cross."""
+    q = _plan("1x8x8x1")
+    tp_per_layer = 4 * 2 * 7 / 8 * 4096 * 8192 * 2  # four ring all-reduces of s x b x h in bf16
+    assert q.tp_comm_s == pytest.approx(q.microbatches * 80 * tp_per_layer / 400e9)
+    assert q.dp_comm_s == pytest.approx(q.microbatches * 3 * 7 / 8 * (70e9 / 8) * 2 / 50e9)
+    four = dataclasses.replace(JOB, gpus_per_node=4, n_gpus=16)
+    full = _plan("4x2x2x1", job=four)
+    fsdp_in_node = full.microbatches * 3 * 1 / 2 * (70e9 / 2) * 2 / 400e9  # 2 gathers + 1 reduce-scatter
+    replicas = 2 * 3 / 4 * (70e9 / 2 / 2 * 2) / 50e9  # ring all-reduce of the shard's bf16 gradients
+    assert full.dp_comm_s == pytest.approx(fsdp_in_node + replicas)
+    assert full.tp_comm_s == pytest.approx(full.microbatches * 80 * 4 * 2 * 1 / 2 * 4096 * 8192 * 2 / 400e9)
+    wide = _plan("2x2x4x1", job=four)
+    fsdp_across = wide.microbatches * 3 * 1 / 2 * (70e9 / 4) * 2 / 50e9
+    assert wide.dp_comm_s == pytest.approx(fsdp_across + 2 * 1 / 2 * (70e9 / 4 / 2 * 2) / 50e9)
 
 
 def test_more_shards_less_memory_and_a_larger_micro_batch_more() -> None:

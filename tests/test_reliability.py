@@ -1,5 +1,6 @@
 """Operational safety in one process: the end of the run, the directory lock, SIGTERM,
-the sample log, a full disk and bad input. Each run is a small MLP (a few seconds)."""
+the sample log, a full disk and bad input. Each run is a small MLP (a few seconds); the
+ranks' agreement on SIGTERM is checked on a two-process gloo group, without torchrun."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, Run, python_module
+import preemption_worker
 from checkpoints import manager, published
+from launch import REPO, Run, free_port, python_module, spawn
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -165,6 +167,18 @@ def test_a_loader_worker_ignores_the_groups_sigterm_but_not_its_ranks() -> None:
     finally:
         worker.kill()
         worker.join(10)
+
+
+def test_a_sigterm_on_one_rank_stops_every_rank_after_the_same_step(tmp_path: Path) -> None:
+    """Two gloo ranks: a signal that reached only one of them (either) makes `should_stop`
+    True on both, so both save the same step; with no signal both go on."""
+    spawn(preemption_worker.signalled_ranks, (2, free_port(), str(tmp_path)))
+    answers = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, answer in enumerate(answers):
+        assert answer["None"] == {"requested": False, "stop": False, "logged": False}
+        for signalled in (0, 1):
+            assert answer[str(signalled)] == {"requested": rank == signalled, "stop": True,
+                                              "logged": rank == signalled}, (rank, signalled)
 
 
 # Item 6: the sample log on a restart before the first checkpoint.

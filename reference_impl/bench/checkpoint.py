@@ -26,7 +26,6 @@ from reference_impl.metrics import EventLog
 from reference_impl.parallel import unwrap
 from reference_impl.state import TrainState
 
-
 RECOVERY_TIMEOUT_S = 300.0
 
 
@@ -104,8 +103,9 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
         return timed(fn)
 
     try:
-        saves = interleave(rounds, {"ours": save_ours, "raw": partial(save_raw, False),
-                                    "raw_fsync": partial(save_raw, True)})
+        save_cases: dict[str, Callable[[], float]] = {"ours": save_ours, "raw": partial(save_raw, False),
+                                                      "raw_fsync": partial(save_raw, True)}
+        saves = interleave(rounds, save_cases)
         restores = interleave(rounds, {"ours": partial(restore, lambda: ckpt.restore(state, ckpt_cfg, ctx)),
                                        "raw": partial(restore, load_raw)})
         state_bytes = raw.stat().st_size
@@ -198,7 +198,7 @@ def checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     for hidden_dim in args.hidden_dims:
         sizes.append(checkpoint_round_trip(replace(cfg, hidden_dim=hidden_dim), args.rounds))
         gc.collect()
-    restored, resumed = zip(*(recovery_run() for _ in range(args.rounds)))
+    restored, resumed = zip(*(recovery_run() for _ in range(args.rounds)), strict=True)
     rows: list[list[Any]] = []
     for s in sizes:
         size = [f"{s['params'] / 1e6:.1f}M", f"{s['state_bytes'] / 1e6:.0f}"]

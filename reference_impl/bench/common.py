@@ -25,7 +25,6 @@ from reference_impl.metrics import EventLog
 from reference_impl.state import TrainState
 from reference_impl.train import build_state, train
 
-
 BenchFn = Callable[[argparse.Namespace, TrainConfig], dict[str, Any]]
 T = TypeVar("T")
 
@@ -93,7 +92,7 @@ def report(name: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
     cells = [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
     widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
     for row in [list(map(str, header)), ["-" * w for w in widths], *cells]:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
     record = {"benchmark": name, **summary}
     print(json.dumps(record), flush=True)
     return record

@@ -21,7 +21,6 @@ from reference_impl.model import flops_per_sample
 from reference_impl.state import TrainState
 from reference_impl.train import train
 
-
 # Dense bf16 peak FLOP/s per GPU, matched by substring of the device name, first match
 # first. An H100 whose name does not say PCIe ("NVIDIA H100 80GB HBM3") is the SXM part.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
@@ -72,7 +71,7 @@ def measured_training(cfg: TrainConfig, ctx: DistContext, peak_flops: float | No
         return state, {}
     steps = [e for e in parse_events(stream.getvalue()) if e["event"] == "step"]
     windows = steps[1:]
-    weights = [b["step"] - a["step"] for a, b in zip(steps, windows)]
+    weights = [b["step"] - a["step"] for a, b in zip(steps, windows, strict=False)]
     samples_per_s = statistics.harmonic_mean([e["samples_per_s"] for e in windows], weights=weights)
     phase_ms = {name: round(1e3 * sum(e["phase_s"].get(name, 0.0) for e in windows) / sum(weights), 3)
                 for name in PHASES}

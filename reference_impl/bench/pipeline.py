@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-
 from reference_impl.bench.common import benchmark, int_list, report
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import distributed

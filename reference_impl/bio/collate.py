@@ -13,6 +13,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
+
 # --8<-- [end:imports]
 
 

@@ -37,7 +37,7 @@ NCI_SMILES = Path(RDConfig.RDDataDir) / "NCI" / "first_5K.smi"
 
 #: Task name -> rule on an RDKit molecule.
 TASKS: dict[str, Callable[[Chem.Mol], bool]] = {
-    "logp_gt_3": lambda m: Crippen.MolLogP(m) > 3.0,
+    "logp_gt_3": lambda m: Crippen.MolLogP(m) > 3.0,  # type: ignore[attr-defined]  # missing from rdkit's stubs
     "tpsa_gt_60": lambda m: rdMolDescriptors.CalcTPSA(m) > 60.0,
     "rings_ge_3": lambda m: rdMolDescriptors.CalcNumRings(m) >= 3,
     "hbd_ge_2": lambda m: rdMolDescriptors.CalcNumHBD(m) >= 2,
@@ -133,7 +133,8 @@ def train_and_evaluate(
     train_y = torch.from_numpy(y[split.train])
     pos_weight = pos_weight_from_labels(train_y)  # training labels only
     data = TensorDataset(torch.from_numpy(x[split.train]), train_y)
-    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+    sampler: DistributedSampler[int] = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True,
+                                                          seed=seed)
     loader = DataLoader(data, batch_size=64, sampler=sampler)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     for epoch in range(epochs):
@@ -155,7 +156,7 @@ def train_and_evaluate(
 def _report(result: AurocResult, split: SplitIndices) -> dict[str, object]:
     return {
         "sizes": [len(split.train), len(split.valid), len(split.test)],
-        "auroc": {name: round(float(v), 4) for name, v in zip(TASKS, result.per_task)},
+        "auroc": {name: round(float(v), 4) for name, v in zip(TASKS, result.per_task, strict=True)},
         "mean_auroc": round(result.mean, 4),
         "skipped_tasks": result.n_skipped,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
 # --8<-- [end:imports]
 
 

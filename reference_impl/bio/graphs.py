@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 from rdkit import Chem
+
 # --8<-- [end:imports]
 
 #: Atomic numbers with their own one-hot slot; every other element shares the last.

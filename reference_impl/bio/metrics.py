@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 from scipy.stats import rankdata
+
 # --8<-- [end:imports]
 
 

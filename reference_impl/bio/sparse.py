@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from torch.utils.data import Dataset
+
 # --8<-- [end:imports]
 
 

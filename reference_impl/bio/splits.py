@@ -17,6 +17,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 from rdkit import Chem, rdBase
 from rdkit.Chem.Scaffolds import MurckoScaffold
+
 # --8<-- [end:imports]
 
 # --8<-- [start:split_types]

@@ -29,8 +29,21 @@ def test_the_question_bank_holds_every_hard_question_with_its_proof() -> None:
     assert cited and all(card["tests"] for card in cited), "a cited test becomes the card's proof link"
 
 
-def test_the_site_ships_an_anki_deck_with_one_card_per_question(built_site: Path, tmp_path: Path) -> None:
-    deck = built_site / handbook.DECK_PATH
+def _questions_under_headings() -> list[tuple[str, str, str]]:
+    """(page, question, the `## ` heading above it) for every hard question, read line by line."""
+    found = []
+    for page in handbook.QUESTION_PAGES:
+        heading = ""
+        for line in (support.DOCS / page).read_text(encoding="utf-8").splitlines():
+            if line.startswith("## "):
+                heading = line[3:].strip()
+            elif line.startswith('??? question "') and line.endswith('"'):
+                found.append((page, line[len('??? question "'):-1], heading))
+    return found
+
+
+def _deck_notes(deck: Path, tmp_path: Path) -> list[list[str]]:
+    """The fields of every note in an Anki package: question, answer and source (HTML)."""
     with zipfile.ZipFile(deck) as package:
         package.extract("collection.anki2", tmp_path)
     db = sqlite3.connect(tmp_path / "collection.anki2")
@@ -38,9 +51,35 @@ def test_the_site_ships_an_anki_deck_with_one_card_per_question(built_site: Path
         notes = [row[0].split("\x1f") for row in db.execute("select flds from notes")]
     finally:
         db.close()
+    return notes
+
+
+def _by_question(notes: list[list[str]]) -> dict[str, list[str]]:
+    """The notes by their question's text: tags removed, so inline code loses its backticks."""
+    return {html.unescape(re.sub(r"<[^>]+>", "", fields[0])).strip(): fields for fields in notes}
+
+
+def test_every_card_is_filed_under_the_heading_it_sits_under_on_its_page(tmp_path: Path) -> None:
+    """A card's topic, in the bank and on its Anki card, is the section heading above the
+    question on its page: a card filed under another section fails here."""
+    on_pages = _questions_under_headings()
+    assert len({heading for _, _, heading in on_pages}) >= 8, "both pages are split into sections"
+    bank = [(card["page"], card["question"], card["topic"]) for card in handbook.question_bank()]
+    assert bank == on_pages
+    site_url = "https://handbook.example/"
+    assert handbook.build_deck(tmp_path / "deck.apkg", site_url, None) == len(on_pages)
+    notes = _by_question(_deck_notes(tmp_path / "deck.apkg", tmp_path))
+    for page, question, heading in on_pages:
+        source = notes[question.replace("`", "")][2]
+        page_url = site_url + page.removesuffix(".md") + "/"
+        assert source.startswith(f'<a href="{page_url}">{heading}</a>'), (question, source)
+
+
+def test_the_site_ships_an_anki_deck_with_one_card_per_question(built_site: Path, tmp_path: Path) -> None:
+    notes = _deck_notes(built_site / handbook.DECK_PATH, tmp_path)
     bank = handbook.question_bank()
     assert len(notes) == len(bank)
-    by_question = {html.unescape(re.sub(r"<[^>]+>", "", fields[0])).strip(): fields for fields in notes}
+    by_question = _by_question(notes)
     for card in bank:
         question, answer, source = by_question[card["question"].replace("`", "")]
         assert answer.strip()

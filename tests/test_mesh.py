@@ -1,0 +1,74 @@
+"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard and tp axes, and
+which data shard it reads, against an independent row-major layout and torch's DeviceMesh."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from reference_impl.mesh import AXES, ParallelDims
+
+# (pp, dp_replicate, dp_shard, tp): every axis alone, pairs, and all four at once.
+MESHES = [(1, 1, 1, 1), (1, 1, 1, 4), (4, 1, 1, 1), (1, 3, 1, 1), (1, 1, 3, 1), (2, 1, 2, 2), (2, 2, 1, 2),
+          (1, 2, 2, 2), (2, 2, 2, 1), (3, 2, 1, 2), (2, 2, 2, 2), (2, 3, 2, 2)]
+
+
+def _dims(shape: tuple[int, int, int, int]) -> ParallelDims:
+    pp, replicate, shard, tp = shape
+    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, tp=tp,
+                        data_axis="dp_shard" if shard > 1 else "dp_replicate")
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
+def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: tuple[int, int, int, int]) -> None:
+    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, tp), as DeviceMesh
+    lays them out: each rank's coordinates are its index there, so tp varies fastest."""
+    dims = _dims(shape)
+    grid = torch.arange(dims.world_size).reshape(shape)
+    assert dims.world_size == grid.numel()
+    for index in itertools.product(*map(range, shape)):
+        rank = int(grid[index])
+        assert dims.coordinates(rank) == dict(zip(AXES, index, strict=True)), rank
+    assert [dims.coordinates(r)["tp"] for r in range(dims.world_size)] == [r % dims.tp for r in range(dims.world_size)]
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
+def test_dp_rank_numbers_the_data_shards_in_rank_order_shared_by_each_tp_group(
+        shape: tuple[int, int, int, int]) -> None:
+    """Within a pipeline stage, the ranks at one tp position read shards 0, 1, ..., dp_size - 1
+    in rank order (replicas outer, shards inner); the ranks of one tp group read the same."""
+    dims = _dims(shape)
+    grid = torch.arange(dims.world_size).reshape(shape)
+    for stage, tp in itertools.product(range(dims.pp), range(dims.tp)):
+        ranks = grid[stage, :, :, tp].flatten().tolist()
+        assert ranks == sorted(ranks)
+        assert [dims.dp_rank(r) for r in ranks] == list(range(dims.dp_size))
+    for group in grid.reshape(-1, dims.tp).tolist():
+        assert len({dims.dp_rank(r) for r in group}) == 1, group
+
+
+@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 2), ("pp", "dp_shard", "tp")),
+                                             ((1, 2, 2, 2), ("dp_replicate", "dp_shard", "tp"))])
+def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: tuple[int, int, int, int],
+                                                             axes: tuple[str, ...]) -> None:
+    """torch's own DeviceMesh, built on each rank of a fake process group (real layout, no
+    communication), puts every rank where `coordinates` says and groups the same tp ranks."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dims = _dims(shape)
+    assert dims.used_axes == axes
+    for rank in range(dims.world_size):
+        dist.init_process_group("fake", rank=rank, world_size=dims.world_size, store=FakeStore())
+        try:
+            mesh = init_device_mesh("cpu", tuple(dims.degree(a) for a in axes), mesh_dim_names=axes)
+            coords = dims.coordinates(rank)
+            assert list(mesh.get_coordinate() or ()) == [coords[a] for a in axes], rank
+            same_tp = [r for r in range(dims.world_size)
+                       if all(dims.coordinates(r)[a] == coords[a] for a in AXES if a != "tp")]
+            assert mesh["tp"].mesh.flatten().tolist() == same_tp
+        finally:
+            dist.destroy_process_group()
