@@ -25,17 +25,16 @@ from reference_impl.checkpoint import AsyncSaver, CheckpointManager, Incompatibl
 from reference_impl.checkpoint.files import make_dir
 from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
-from reference_impl.data import ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
+from reference_impl.data import Batch, ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model
 from reference_impl.parallel import dims_of, wrap_model
-from reference_impl.state import TrainState, state_digest
 from reference_impl.pipeline import build_pipeline
-from reference_impl.step import (build_optimizer, build_scaler, build_scheduler, pipeline_train_step,
-                                 train_step)
+from reference_impl.state import TrainState, state_digest
+from reference_impl.step import build_optimizer, build_scaler, build_scheduler, pipeline_train_step, train_step
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
@@ -53,7 +52,7 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     """
     dataset, mesh = build_dataset(cfg), dims_of(cfg, ctx.device.type)
     dp_rank = mesh.dp_rank(ctx.rank)
-    sampler = ResumableDistributedSampler(len(dataset), world_size=mesh.dp_size, rank=dp_rank,
+    sampler = ResumableDistributedSampler(cfg.dataset_size, world_size=mesh.dp_size, rank=dp_rank,
                                           global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     # The loader's own generator seeds its workers, so creating an iterator (at an epoch
     # start, or mid-epoch after a resume) never draws from the global RNG that dropout uses.
@@ -128,7 +127,7 @@ def check_finite(flag: torch.Tensor, ctx: DistContext, step: int) -> None:
                             "for it (lower the learning rate, or check the data)")
 
 
-def step_batches(state: TrainState, cfg: TrainConfig) -> Iterator[Iterator[Sample]]:
+def step_batches(state: TrainState, cfg: TrainConfig) -> Iterator[Iterator[Batch]]:
     """For each remaining optimizer step, the iterator its micro-batches come from.
 
     A new DataLoader iterator starts at every epoch boundary and after a resume; it begins

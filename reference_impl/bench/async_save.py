@@ -10,9 +10,18 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-
-from reference_impl.bench.common import (add_rounds_argument, benchmark, interleave, median, remove_shared, report,
-                                         settle, shared_tempdir, slowest, trained_state)
+from reference_impl.bench.common import (
+    add_rounds_argument,
+    benchmark,
+    interleave,
+    median,
+    remove_shared,
+    report,
+    settle,
+    shared_tempdir,
+    slowest,
+    trained_state,
+)
 from reference_impl.checkpoint import AsyncSaver, CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext, distributed

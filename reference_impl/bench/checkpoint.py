@@ -16,8 +16,18 @@ from typing import Any
 
 import torch
 
-from reference_impl.bench.common import (BenchmarkError, benchmark, int_list, interleave, launched, median, report,
-                                         settle, timed, trained_state)
+from reference_impl.bench.common import (
+    BenchmarkError,
+    benchmark,
+    int_list,
+    interleave,
+    launched,
+    median,
+    report,
+    settle,
+    timed,
+    trained_state,
+)
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext

@@ -27,12 +27,19 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
-                                                   MetadataIndex, StorageMeta, TensorProperties,
-                                                   TensorStorageMetadata, _MEM_FORMAT_ENCODING)
-from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import (
+    _MEM_FORMAT_ENCODING,
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 
 from reference_impl.checkpoint.files import CheckpointError, need, open_regular, read_bounded
@@ -75,7 +82,7 @@ def _check_tensor(fqn: str, md: Any) -> None:
     for chunk in md.chunks:
         need(isinstance(chunk, ChunkStorageMetadata) and _is_size(chunk.offsets) and _is_size(chunk.sizes)
              and len(chunk.offsets) == len(chunk.sizes) == len(md.size)
-             and all(o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, md.size)),
+             and all(o + s <= d for o, s, d in zip(chunk.offsets, chunk.sizes, md.size, strict=True)),
              f"{METADATA} has a chunk of {fqn!r:.80} outside its tensor")
 
 
@@ -207,7 +214,7 @@ class ConfinedReader(FileSystemReader):
         super().__init__(path)
         self._metadata: Metadata | None = None
 
-    def read_metadata(self) -> Metadata:  # type: ignore[override]  # no rank-local fallback
+    def read_metadata(self) -> Metadata:  # no `rank` argument: no rank-local fallback
         if self._metadata is None:
             self._metadata = read_metadata(Path(self.path))
         self._metadata.storage_meta = StorageMeta(load_id=self.load_id)

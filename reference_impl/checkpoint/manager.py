@@ -21,14 +21,37 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from reference_impl.checkpoint.files import (CheckpointError, load_weights_only, make_dir, member, read_bounded,
-                                             remove, step_name, step_of, write_private)
+from reference_impl.checkpoint.files import (
+    CheckpointError,
+    load_weights_only,
+    make_dir,
+    member,
+    read_bounded,
+    remove,
+    step_name,
+    step_of,
+    write_private,
+)
 from reference_impl.checkpoint.layouts import LAYOUTS, AsyncSaver
 from reference_impl.checkpoint.lock import DirectoryLock
-from reference_impl.checkpoint.manifest import (FORMAT, TRAIN_FILE, check_compatible, check_contents, rank_file,
-                                                read_manifest, verify)
-from reference_impl.checkpoint.publish import (TMP_PREFIX, Publication, agree_written, barrier, gather_files,
-                                               temporary_dir, write_file)
+from reference_impl.checkpoint.manifest import (
+    FORMAT,
+    TRAIN_FILE,
+    check_compatible,
+    check_contents,
+    rank_file,
+    read_manifest,
+    verify,
+)
+from reference_impl.checkpoint.publish import (
+    TMP_PREFIX,
+    Publication,
+    agree_written,
+    barrier,
+    gather_files,
+    temporary_dir,
+    write_file,
+)
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector

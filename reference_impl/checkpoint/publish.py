@@ -35,8 +35,15 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.checkpoint import integrity
-from reference_impl.checkpoint.files import (PRIVATE_DIR_MODE, CheckpointError, fsync_dir, make_dir, remove, seal,
-                                             write_private)
+from reference_impl.checkpoint.files import (
+    PRIVATE_DIR_MODE,
+    CheckpointError,
+    fsync_dir,
+    make_dir,
+    remove,
+    seal,
+    write_private,
+)
 from reference_impl.checkpoint.manifest import MANIFEST
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector, enospc
