@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoints import published, verify
+from checkpoints import manager, published, verify
 from launch import REPO, Run, python_module, run_command
 from reference_impl.checkpoint.lock import DirectoryLock
 
@@ -148,3 +148,12 @@ def test_an_unwritable_sample_log_exits_2_with_one_line_before_training(path: st
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and "sample_log" in lines[0], run.stderr[-2000:]
     assert run.of("run_start") == [], "refused before any process group or model"
+
+
+def test_retention_counts_only_checkpoints_that_verify(forty: Path, tmp_path: Path) -> None:
+    """A corrupt step 30 between valid ones: keeping 2 below step 40 keeps 40 and 20, removes 30."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(forty, ckpt)
+    (ckpt / "step-00000030" / "train.pt").write_bytes(b"garbage")
+    manager(ckpt, keep_last=2).retain(ckpt / "step-00000040")
+    assert [p.name for p in published(ckpt)] == ["step-00000040", "step-00000020"]

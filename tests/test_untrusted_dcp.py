@@ -22,7 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from launch import python_module
+from launch import python_module, train_ok
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.checkpoint.dcp_safe import ConfinedReader, WeightsOnlyFullPlanner
 from reference_impl.export import export
@@ -199,3 +199,29 @@ def test_dcp_metadata_is_read_with_an_allow_list_not_plain_pickle(pristine: Path
     with pytest.raises(Exception):  # noqa: B017 - whatever DCP makes of it afterwards
         dcp.FileSystemReader(ckpt / STEP / "dcp").read_metadata()
     assert marker.exists(), "DCP's reader unpickles with plain pickle: the reason for dcp_safe"
+
+
+def renamed_key(step: Path) -> None:
+    """Consistent metadata of another model: one parameter saved under a name this model lacks."""
+    metadata = saved_metadata(step)
+    old, new = "model_optim.model.pos", "model_optim.model.position"
+    metadata.state_dict_metadata[new] = metadata.state_dict_metadata.pop(old)
+    for index in [i for i in metadata.storage_data if i.fqn == old]:
+        metadata.storage_data[type(index)(new, index.offset, index.index)] = metadata.storage_data.pop(index)
+    metadata.planner_data[new] = ("model_optim", "model", "position")
+    del metadata.planner_data[old]
+    write_metadata(step, metadata)
+    relist_all(step)
+
+
+@pytest.mark.distributed
+def test_when_any_rank_cannot_load_its_part_every_rank_falls_back_together(pristine: Path, tmp_path: Path) -> None:
+    """Every file verifies, but the saved keys do not fit the model: each rank's dry run of its
+    read plan refuses before anything is loaded, and both ranks restore step 2 instead."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt)
+    renamed_key(ckpt / STEP)
+    assert CheckpointManager(ckpt, EventLog(0, io.StringIO())).choose().path.name == STEP, "only a load can tell"
+    run = train_ok([*FLAGS, "--micro-batch-size", "2"], ckpt)  # the same global batch on two ranks
+    assert run.of("checkpoint_restored")[0]["step"] == 2
+    assert "rank 0: dcp/ does not fit this model: Missing key" in run.of("checkpoint_skipped")[0]["reason"]
