@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from launch import REPO, descendants, kill_tree, python_module, torchrun
+from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.launch import torchrun_command
-from reference_impl.lifecycle import PREEMPTED_EXIT, DirectoryLock
+from reference_impl.lifecycle import PREEMPTED_EXIT
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
