@@ -93,19 +93,21 @@ class CheckpointManager:
 
         Temporary saves and every other name are never listed, so never restored or deleted.
         """
-        if not self.root.is_dir():
-            return []
-        found = [(step, self.root / name) for name in os.listdir(self.root)
-                 if (step := step_of(name)) is not None]
+        found = [(step, self.root / name) for name in self._names() if (step := step_of(name)) is not None]
         return sorted(found, reverse=True)
+
+    def _names(self) -> list[str]:
+        try:
+            return os.listdir(self.root)
+        except OSError:  # missing, not a directory, unreadable: nothing to restore (the lock says why)
+            return []
 
     def _report_misnamed(self) -> None:
         """Say why entries that look like checkpoints are ignored (Unicode digits, a newline...)."""
-        if self.root.is_dir():
-            for name in sorted(os.listdir(self.root)):
-                if name.startswith("step") and step_of(name) is None:
-                    self.log.emit("checkpoint_ignored", path=str(self.root / name),
-                                  reason=f"{name!r:.60} is not 'step-' and eight ASCII digits")
+        for name in sorted(self._names()):
+            if name.startswith("step") and step_of(name) is None:
+                self.log.emit("checkpoint_ignored", path=str(self.root / name),
+                              reason=f"{name!r:.60} is not 'step-' and eight ASCII digits")
 
     def newest_manifest(self) -> dict[str, Any] | None:
         """The manifest of the newest checkpoint whose manifest is valid (no file is hashed)."""
