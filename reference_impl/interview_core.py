@@ -80,7 +80,7 @@ def save(root: str, step: int, parts: dict, rank: int) -> None:
 def restore(root: str, parts: dict, rank: int) -> int:
     """Load the newest checkpoint into `parts`, weights only (no code runs); return its step, 0 if none."""
     for path in sorted(glob.glob(os.path.join(root, "step-*")))[-1:]:  # only whole ones are named step-N
-        saved, mine = (torch.load(os.path.join(path, f"rank-{r}.pt"), weights_only=True) for r in (0, rank))
+        saved, mine = (torch.load(f"{path}/rank-{r}.pt", map_location="cpu", weights_only=True) for r in (0, rank))
         for name, part in parts.items():
             part.load_state_dict(saved[name])
         torch.set_rng_state(mine["rng"][0])
