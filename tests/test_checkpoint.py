@@ -192,11 +192,14 @@ def test_a_real_file_size_limit_fails_the_save_and_keeps_earlier_checkpoints(tmp
     verify(tmp_path / "step-00000010")
 
 
-def test_a_non_finite_loss_halts_before_it_is_checkpointed(tmp_path: Path) -> None:
-    run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0")
+@pytest.mark.parametrize("log_every", ["10", "1000"])  # caught by the log step, or by the check before the save
+def test_a_non_finite_loss_halts_before_it_is_checkpointed(log_every: str, tmp_path: Path) -> None:
+    run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0",
+                "--log-every", log_every)
     assert run.returncode != 0
     error = run.of("error")[0]
     assert error["error"] == "NonFiniteLoss"
+    assert ("at or before step 10" in error["message"]) == (log_every == "1000"), error["message"]
     assert published(tmp_path) == [], "no checkpoint holds the poisoned weights"
 
 
