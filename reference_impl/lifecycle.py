@@ -165,9 +165,14 @@ class Preemption:
         os._exit(1)
 
     def should_stop(self) -> bool:
-        """True on every rank once any rank has received SIGTERM (a collective)."""
+        """True on every rank once any rank has received SIGTERM (a collective).
+
+        With several ranks this is a blocking all-reduce at every step boundary; a
+        single process reads its own flag.
+        """
+        if not self.ctx.distributed:
+            return self.requested
         flag = torch.tensor(float(self.requested))
-        if self.ctx.distributed:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
 # --8<-- [end:preemption]

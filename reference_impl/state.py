@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
@@ -66,6 +65,10 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     `pp_group` is the rank's pipeline: its stages' states are merged into the whole
     model's, on every rank of it.
     """
+    # Imported here, at the end of a run, not with this module: a restarted run would pay
+    # for DCP's modules before its first step (see `reference_impl.checkpoint.layouts`).
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
     if pp_group is None:
         return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # No CPU offload: it would keep the values on global rank 0 alone, not on each stage.

@@ -4,8 +4,10 @@ whole model (`train_step`) or one pipeline stage (`pipeline_train_step`)."""
 # --8<-- [start:imports]
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 import torch.distributed as dist
@@ -64,10 +66,11 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
 
     Returns the mean loss as a device tensor (reading it would sync the device, so the
     caller does that only at log steps) and the dataset indices that were trained.
+    Without accumulation the loss is returned as computed: dividing by 1 and adding to
+    zero would be two device ops per step that change no bit.
     """
     accum = cfg.grad_accum_steps
-    total_loss = torch.zeros((), device=device)
-    indices = []
+    losses, indices = [], []
     for micro in range(accum):
         with timer.phase("data", host=True):
             x, y, idx = next(batches)
@@ -75,17 +78,28 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         # Only the last micro-batch all-reduces; the others accumulate locally.
         with gradient_sync(model, enabled=micro == accum - 1 or cfg.fsdp_grad_sync == "every"):
-            with timer.phase("forward"), torch.autocast(
-                    device.type, dtype=AUTOCAST_DTYPES.get(cfg.precision), enabled=cfg.precision != "fp32"):
-                # Dividing by accum makes the summed gradients the mean over the global batch.
-                loss = loss_fn(model(x), y) / accum
+            with timer.phase("forward"), autocast(device, cfg):
+                loss = loss_fn(model(x), y)
+                if accum > 1:  # makes the summed gradients the mean over the global batch
+                    loss = loss / accum
             with timer.phase("backward"):  # includes the gradient all-reduce on the last micro-batch
                 (scaler.scale(loss) if scaler else loss).backward()
-        total_loss += loss.detach()
+        losses.append(loss.detach())
         indices.append(idx)
     optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
-    return total_loss, indices
+    return functools.reduce(torch.add, losses), indices
 # --8<-- [end:train_step]
+
+
+def autocast(device: torch.device, cfg: TrainConfig) -> AbstractContextManager[object]:
+    """The forward pass's autocast for `cfg.precision`; none at all in fp32.
+
+    A disabled `torch.autocast` still saves and restores the autocast state on every
+    entry; fp32 runs skip it.
+    """
+    if cfg.precision == "fp32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[cfg.precision])
 
 
 # --8<-- [start:optimizer_step]

@@ -113,13 +113,16 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf outside fp16 (where the GradScaler handles it)."""
 
 
-def check_finite(flag: torch.Tensor, ctx: DistContext, step: int) -> None:
-    """Raise on every rank if any rank saw a non-finite loss since the last check.
+def check_finite(loss_sum: torch.Tensor, ctx: DistContext, step: int) -> None:
+    """Raise on every rank if any rank saw a non-finite loss since the run (re)started.
 
-    Under fp16 the GradScaler skips steps whose gradients overflow, so the caller does
-    not check there. Elsewhere a NaN would poison the weights: halt before they are
-    written into a checkpoint.
+    `loss_sum` is the running sum of this rank's step losses: one add per step, and
+    non-finite once any term is (NaN and inf stay; finite losses would have to add up
+    past 3e38 to overflow it). Under fp16 the GradScaler skips steps whose gradients
+    overflow, so the caller does not check there. Elsewhere a NaN would poison the
+    weights: halt before they are written into a checkpoint.
     """
+    flag = (~loss_sum.isfinite()).float()
     if ctx.distributed:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item():
@@ -155,7 +158,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
     with timer.phase("restore", host=True):
         samples.truncate((ckpt.restore(state, cfg, ctx) if ckpt else None) or 0)
-    nonfinite = torch.zeros((), device=ctx.device)  # a device flag: checking it costs no sync
+    loss_sum = torch.zeros((), device=ctx.device)  # on the device: adding to it costs no sync
     state.model.train()
     try:
         with (Watchdog(cfg.step_timeout_s, timer, log) as watchdog,
@@ -170,7 +173,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                 else:
                     loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
                                                state.scaler, cfg, ctx.device, timer)
-                nonfinite = nonfinite.logical_or(~loss.isfinite()).float()
+                loss_sum.add_(loss)  # non-finite from the first non-finite loss on
                 state.sampler.commit(cfg.global_batch_size)  # trained, not merely prefetched
                 state.step += 1
                 meter.add(cfg.global_batch_size)
@@ -184,7 +187,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                 state.preempted = stop.should_stop()  # every rank stops after the same step
                 if ckpt and (cfg.is_checkpoint_step(state.step) or state.preempted):
                     if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
-                        check_finite(nonfinite, ctx, state.step)
+                        check_finite(loss_sum, ctx, state.step)
                     with timer.phase("checkpoint", host=True):
                         ckpt.save(state, cfg, ctx, faults, saver)
                 watchdog.beat()

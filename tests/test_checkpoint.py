@@ -8,6 +8,8 @@ import json
 import os
 import pickle
 import sys
+import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import torch
 from launch import Run, python_module, run_command
 from checkpoints import published, verify
 from reference_impl.checkpoint import CheckpointError
+from reference_impl.checkpoint.publish import write_file
 
 FLAGS = ["--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "3", "--warmup-steps", "5",
          "--log-every", "10", "--micro-batch-size", "8", "--dataset-size", "512"]
@@ -87,6 +90,30 @@ def test_damaged_newest_checkpoint_is_skipped_with_its_reason(
     assert run.of("checkpoint_restored")[0]["step"] == 20
     assert run.digest() == (three_checkpoints.parent / "digest.txt").read_text(), "replay is bit-exact"
     verify(three_checkpoints / "step-00000030")  # the damaged one was replaced by a valid save
+
+
+@pytest.mark.parametrize("setting", [True, False])
+def test_checkpoint_files_skip_the_zip_crc32_and_leave_the_setting_as_it_was(
+        setting: bool, tmp_path: Path) -> None:
+    """Several threads write at once: each writes without CRC32, and the setting comes back."""
+    previous = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(setting)
+    try:
+        payload = {"w": torch.arange(1000.0)}
+        threads = [threading.Thread(target=write_file, args=(tmp_path / f"{i}.pt", payload)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with pytest.raises(OSError):
+            write_file(tmp_path / "full.pt", payload, fail_after=10)
+        assert torch.serialization.get_crc32_options() is setting
+    finally:
+        torch.serialization.set_crc32_options(previous)
+    for i in range(4):
+        with zipfile.ZipFile(tmp_path / f"{i}.pt") as archive:
+            assert {info.CRC for info in archive.infolist()} == {0}
+        assert torch.equal(torch.load(tmp_path / f"{i}.pt", weights_only=True)["w"], payload["w"])
 
 
 class _RunsCode:
@@ -165,11 +192,14 @@ def test_a_real_file_size_limit_fails_the_save_and_keeps_earlier_checkpoints(tmp
     verify(tmp_path / "step-00000010")
 
 
-def test_a_non_finite_loss_halts_before_it_is_checkpointed(tmp_path: Path) -> None:
-    run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0")
+@pytest.mark.parametrize("log_every", ["10", "1000"])  # caught by the log step, or by the check before the save
+def test_a_non_finite_loss_halts_before_it_is_checkpointed(log_every: str, tmp_path: Path) -> None:
+    run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0",
+                "--log-every", log_every)
     assert run.returncode != 0
     error = run.of("error")[0]
     assert error["error"] == "NonFiniteLoss"
+    assert ("at or before step 10" in error["message"]) == (log_every == "1000"), error["message"]
     assert published(tmp_path) == [], "no checkpoint holds the poisoned weights"
 
 

@@ -14,6 +14,13 @@ the tensors:
 `LAYOUTS` maps the name recorded in the manifest to the layout, so a restore reads a
 checkpoint with the layout that wrote it, whatever the current run uses. Adding a layout
 is a subclass of `CheckpointLayout` and one entry in `LAYOUTS`.
+
+DCP (`torch.distributed.checkpoint`, and `dcp_safe` on top of it) is imported inside the
+methods of `DcpLayout` and `AsyncSaver` that use it, not with this module: a run whose
+parameters are whole (single process, DDP) never needs it, and each of its processes
+would pay for it again at every restart, before the first resumed step (0.07-0.08 s of
+CPU here, on top of the DTensor and torch._dynamo modules that building any torch
+optimizer imports anyway).
 """
 
 from __future__ import annotations
@@ -27,28 +34,13 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from reference_impl.checkpoint.dcp_safe import (
-    METADATA,
-    ConfinedReader,
-    WeightsOnlyFullPlanner,
-    WeightsOnlyLoadPlanner,
-    check_plain_items,
-    read_metadata,
-    storage_files,
-)
 from reference_impl.checkpoint.files import CheckpointError, need
 from reference_impl.parallel import unwrap
 from reference_impl.state import TrainState
 
 DCP_DIR = "dcp"
-# Optimizer state keyed per parameter name ("param_groups.blocks.0.qkv.weight.lr"), not as
-# one list of param groups: pipeline stages each hold some of the parameters, and
-# per-stage lists saved under one key would overwrite each other.
-DCP_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+DCP_METADATA = f"{DCP_DIR}/.metadata"  # DCP's own commit point (`dcp_safe.METADATA`)
 
 
 # --8<-- [start:interface]
@@ -121,9 +113,11 @@ class DcpLayout(CheckpointLayout):
     confined to `dcp/`, non-tensor items loaded weights-only.
     """
 
-    required = frozenset({f"{DCP_DIR}/{METADATA}"})  # DCP's own commit point
+    required = frozenset({DCP_METADATA})
 
     def write(self, state: TrainState, directory: Path, saver: AsyncSaver | None) -> bool:
+        import torch.distributed.checkpoint as dcp
+
         sharded = {"model_optim": _sharded_state(state)}
         if saver:
             saver.start(sharded, directory / DCP_DIR)
@@ -132,13 +126,17 @@ class DcpLayout(CheckpointLayout):
         return False
 
     def check_files(self, path: Path, listed: set[str]) -> None:
+        from reference_impl.checkpoint.dcp_safe import check_plain_items, read_metadata, storage_files
+
         metadata = read_metadata(path / DCP_DIR)
         unlisted = sorted(f"{DCP_DIR}/{name}" for name in storage_files(metadata)
                           if f"{DCP_DIR}/{name}" not in listed)
-        need(not unlisted, f"{METADATA} reads {', '.join(unlisted[:3])}, not listed in the manifest")
+        need(not unlisted, f"{DCP_METADATA} reads {', '.join(unlisted[:3])}, not listed in the manifest")
         check_plain_items(path / DCP_DIR, metadata)  # before any rank's load: a refusal is a fallback
 
     def check_loadable(self, state: TrainState, path: Path) -> None:
+        from reference_impl.checkpoint.dcp_safe import WeightsOnlyLoadPlanner, read_metadata
+
         # A dry run of this rank's read plan: every key this rank needs is saved, with
         # the shape it has now. Nothing is read into the model yet.
         planner = WeightsOnlyLoadPlanner()
@@ -149,14 +147,23 @@ class DcpLayout(CheckpointLayout):
             raise CheckpointError(f"{DCP_DIR}/ does not fit this model: {str(exc).splitlines()[0][:200]}") from None
 
     def load(self, state: TrainState, path: Path, saved: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        from reference_impl.checkpoint.dcp_safe import ConfinedReader, WeightsOnlyLoadPlanner
+
         # The fresh state's own shards say which slices this rank reads: the saved mesh
         # (world size, tp degree) may differ from ours.
         sharded = {"model_optim": _sharded_state(state)}
         dcp.load(sharded, storage_reader=ConfinedReader(path / DCP_DIR), planner=WeightsOnlyLoadPlanner())
         set_state_dict(state.model, state.optimizer, model_state_dict=sharded["model_optim"]["model"],
-                       optim_state_dict=sharded["model_optim"]["optim"], options=DCP_OPTIONS)
+                       optim_state_dict=sharded["model_optim"]["optim"], options=_dcp_options())
 
     def full_model(self, path: Path, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        from reference_impl.checkpoint.dcp_safe import ConfinedReader, WeightsOnlyFullPlanner
+
         # Rebuilt from the metadata, every shard gathered into full tensors, as torch's own
         # dcp_to_torch_save does it (the public `dcp.load` would fill a copy of `merged`).
         merged: dict[str, Any] = {}
@@ -171,8 +178,22 @@ LAYOUTS: dict[str, CheckpointLayout] = {"torch_save": TorchSaveLayout(), "dcp": 
 # --8<-- [end:layouts]
 
 
+def _dcp_options() -> Any:
+    """DCP's `StateDictOptions`: optimizer state keyed per parameter name.
+
+    Keys such as "param_groups.blocks.0.qkv.weight.lr", not one list of param groups:
+    pipeline stages each hold some of the parameters, and per-stage lists saved under one
+    key would overwrite each other.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def _sharded_state(state: TrainState) -> dict[str, Any]:
-    model_sd, optim_sd = get_state_dict(state.model, state.optimizer, options=DCP_OPTIONS)
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer, options=_dcp_options())
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -194,6 +215,8 @@ class AsyncSaver:
 
     def start(self, state: dict[str, Any], path: Path) -> None:
         """Begin writing `state` to `path` with DCP; returns once the state is staged."""
+        import torch.distributed.checkpoint as dcp
+
         self._future = dcp.async_save(state, checkpoint_id=path, process_group=self.group)
         self._published.clear()
 
