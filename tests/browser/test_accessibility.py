@@ -86,3 +86,41 @@ def test_no_accessibility_violation_of_ours(browser, server, built_site: Path, k
     report = [f"{v['id']} ({v['help']}):\n    " + "\n    ".join(v["nodes"][:10]) for v in violations]
     assert not report, f"{kind} page, {scheme}:\n" + "\n".join(report)
     assert not problems.items, "\n".join(problems.items)
+
+
+PHONE = {"width": 390, "height": 844}
+SMALLEST_LABEL_PX = 8 * 4 / 3  # the plots' smallest font, 8 points, at the figure's own size
+LEGIBLE_PX = 9
+PLOT_BOXES = """() => Array.from(document.querySelectorAll("figure.handbook-plot img"), (img) => {
+  const box = img.getBoundingClientRect();
+  return {width: box.width, height: box.height, src: img.currentSrc, natural: img.naturalWidth};
+})"""
+
+
+def test_plots_on_a_phone_are_legible_and_hold_their_room_before_they_load(browser, server) -> None:  # noqa: F811
+    """At 390 px the narrow figure shows with labels of 9 px or more; its box does not move when it loads."""
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2)
+    stalled = []
+    context.route("**/plots/*.svg", lambda route: stalled.append(route))  # never answered: still loading
+    page = context.new_page()
+    try:
+        page.goto(server + "reliability/checkpointing/", wait_until="domcontentloaded")
+        page.wait_for_function("() => document.querySelector('figure.handbook-plot img')")
+        page.wait_for_timeout(300)
+        before = page.evaluate(PLOT_BOXES)
+    finally:
+        context.close()
+    context = browser.new_context(viewport=PHONE, device_scale_factor=2)
+    page = context.new_page()
+    problems = Problems(page)
+    try:
+        page.goto(server + "reliability/checkpointing/", wait_until="load")
+        after = page.evaluate(PLOT_BOXES)
+    finally:
+        context.close()
+    assert stalled and len(before) == len(after) >= 2
+    for loading, loaded in zip(before, after, strict=True):
+        assert loaded["src"].endswith("-narrow.svg"), loaded
+        assert abs(loading["height"] - loaded["height"]) < 1, (loading, loaded)
+        assert SMALLEST_LABEL_PX * loaded["width"] / loaded["natural"] >= LEGIBLE_PX, loaded
+    assert not problems.items, "\n".join(problems.items)
