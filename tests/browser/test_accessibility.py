@@ -27,9 +27,7 @@ PAGES = {
 SCHEMES = {"light": "default", "dark": "slate"}
 # rule -> (CSS selector of the theme's element, why it stays)
 KNOWN = {
-    "aria-dialog-name": (".md-search", "Material's search overlay has role=dialog and no name in its template"),
-    "aria-progressbar-name": (".md-progress", "the instant-navigation progress bar is unnamed in the template"),
-    "region": (".md-progress", "that bar sits outside every landmark, by the template"),
+    "region": (".md-progress", "the instant-navigation progress bar sits outside every landmark, by the template"),
     "landmark-unique": (".md-code__nav, .md-sidebar nav",
                         "the theme's code-block button bar and the API pages' nested tables of contents "
                         "are unnamed <nav> elements"),
