@@ -3,9 +3,11 @@
 `docs/data/NAME.json` is written by `python -m reference_impl.measure` and committed:
 `{"device", "torch", "date", "commit", "command", "data"}`. Each build renders it with
 matplotlib (Agg, text as paths, so no font is fetched) into `plots/NAME.svg` in the site,
-on a transparent background in mid-grey and mid-tone colours that read on Material's
-light and dark palettes. `<!-- plot: NAME -->` on a page becomes the figure with a
-caption naming the device, the date and the command that regenerates the data. A data
+and into `plots/NAME-narrow.svg` for phones. A plot is a white card in both palettes: no
+grey reads at 4.5:1 on both white and slate, so the text is dark grey (10.4:1 on white)
+and every series at least 3:1. `<!-- plot: NAME -->` on a page becomes the figure, sized
+so that nothing shifts when it loads, with a caption naming the device, the date and the
+command that regenerates the data. A data
 file that is not valid JSON, lacks a metadata key, or whose `data` does not fit its plot
 stops the build with a `PlotDataError` that names the file.
 """
@@ -16,12 +18,14 @@ import html
 import json
 import posixpath
 import re
+import textwrap
 from collections.abc import Callable
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import matplotlib
+from cycler import cycler
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
@@ -29,22 +33,38 @@ from matplotlib.figure import Figure  # noqa: E402
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 METADATA = ("device", "torch", "date", "commit", "command")
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
-GREY = "#8c8c8c"
-COLOURS = ("#3d8fd1", "#e8863a", "#3aa675", "#b46fd1", "#d1495b")
-STYLE = {"svg.fonttype": "path", "svg.hashsalt": "handbook", "font.size": 10, "text.color": GREY,
-         "axes.labelcolor": GREY, "axes.edgecolor": GREY, "xtick.color": GREY, "ytick.color": GREY,
-         "axes.grid": True, "grid.color": GREY, "grid.alpha": 0.25, "legend.frameon": False,
-         "axes.spines.top": False, "axes.spines.right": False}
+INK = "#404040"  # text and axes
+GREY = "#6b6b6b"  # a grey series, 5.3:1
+BAND = "#8a8a8a"  # the broad reference line the attempts are drawn over, 3.5:1
+COLOURS = ("#0072b2", "#d55e00", "#007d5a", "#8e44ad", "#c0392b")  # 5.2, 3.9, 5.2, 5.9, 5.4:1
+BACKGROUND = "#ffffff"
+STYLE = {"svg.fonttype": "path", "svg.hashsalt": "handbook", "font.size": 10, "text.color": INK,
+         "axes.labelcolor": INK, "axes.edgecolor": INK, "xtick.color": INK, "ytick.color": INK,
+         "axes.grid": True, "grid.color": INK, "grid.alpha": 0.15, "legend.frameon": False,
+         "axes.spines.top": False, "axes.spines.right": False, "axes.prop_cycle": cycler(color=COLOURS)}
+# Inches. The wide figure shows at its own size on a desktop; a phone's ~360 px column
+# would shrink its 8-point labels to 5 px, so phones get the narrow one, near its own size.
+SIZES = {"wide": (7.0, 3.6), "narrow": (4.2, 4.8)}
+NARROW_MEDIA = "(max-width: 599px)"
+WRAP = 44  # characters per line of a label in the narrow figure
 
 
 class PlotDataError(ValueError):
     """A data file cannot be plotted: not JSON, a missing metadata key, or malformed data."""
 
 
+def _legend_below(ax: Any, ncols: int) -> None:
+    """The axes' legend under the figure, in `ncols` columns, or one on the narrow figure."""
+    fig = ax.figure
+    narrow = fig.get_figwidth() < SIZES["wide"][0]
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=1 if narrow else ncols,
+               fontsize=8)
+
+
 def _resume(fig: Figure, d: dict[str, Any]) -> None:
     ax = fig.subplots()
     steps, losses = zip(*d["uninterrupted"])
-    ax.plot(steps, losses, color=GREY, lw=6, alpha=0.35, label="uninterrupted run")
+    ax.plot(steps, losses, color=BAND, lw=6, label="uninterrupted run")
     for (label, style, size), attempt in zip((("attempt 1 (killed)", "-o", 5), ("attempt 2 (restored)", "--s", 3)),
                                              d["attempts"]):
         ax.plot(*zip(*attempt), style, ms=size, lw=1.4, label=label)
@@ -53,7 +73,7 @@ def _resume(fig: Figure, d: dict[str, Any]) -> None:
     ax.axvline(d["restored_step"], color=COLOURS[2], ls="-.", lw=1.5,
                label=f"checkpoint of step {d['restored_step']} restored")
     ax.set(xlabel="optimizer step", ylabel="training loss (mean over ranks)")
-    ax.legend(ncols=3, loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8)
+    _legend_below(ax, 3)
 
 
 def _phases(fig: Figure, d: dict[str, Any]) -> None:
@@ -67,23 +87,26 @@ def _phases(fig: Figure, d: dict[str, Any]) -> None:
     ax.invert_yaxis()
     ax.set(xlabel=f"ms per optimizer step (global batch {d['global_batch_size']}, {d['world_size']} ranks)")
     ax.grid(axis="y", visible=False)
-    ax.legend(ncols=len(d["phases"]), loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=8)
+    _legend_below(ax, len(d["phases"]))
 
 
 def _async(fig: Figure, d: dict[str, Any]) -> None:
     ax = fig.subplots()
     sync, blocked, total = d["sync_s"], d["blocked_s"], d["async_total_s"]
-    ax.barh(["sync save"], [sync], color=COLOURS[4], label="training blocked")
-    ax.barh(["async save"], [blocked], color=COLOURS[4])
-    ax.barh(["async save"], [total - blocked], left=[blocked], color=COLOURS[0], alpha=0.6,
+    ax.barh(["sync save"], [sync], height=0.5, color=COLOURS[4], label="training blocked")
+    ax.barh(["async save"], [blocked], height=0.5, color=COLOURS[4])
+    ax.barh(["async save"], [total - blocked], height=0.5, left=[blocked], color=COLOURS[0],
             label="written and published in the background (training runs)")
     for y, x in ((0, sync), (1, blocked), (1, total)):
-        ax.annotate(f"{x:.2f} s", (x, y), xytext=(3, 8), textcoords="offset points", fontsize=8)
+        # Under the bar, on white: dark text on a red or blue bar would not read.
+        ax.annotate(f"{x:.2f} s", (x, y + 0.25), xytext=(0, -2), textcoords="offset points", fontsize=8,
+                    ha="center", va="top")
+    ax.margins(y=0.3)  # room for the times under the lower bar
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
     ax.set(xlabel=f"seconds from the save call (FSDP, {d['params'] / 1e6:.1f}M parameters, "
                   f"{d['world_size']} ranks, median of {d['rounds']})")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=8)
+    _legend_below(ax, 1)
 
 
 def _memory(fig: Figure, d: dict[str, Any]) -> None:
@@ -110,7 +133,7 @@ def _allreduce(fig: Figure, d: dict[str, Any]) -> None:
     ax = fig.subplots()
     sizes = d["sizes_bytes"]
     for size, runs in zip(sizes, d["measured_s"]):
-        ax.plot([size] * len(runs), [1e3 * t for t in runs], ".", color=GREY, ms=3, alpha=0.6)
+        ax.plot([size] * len(runs), [1e3 * t for t in runs], ".", color=GREY, ms=3)
     ax.plot(sizes, [1e3 * t for t in d["median_s"]], "o", color=COLOURS[0],
             label=f"gloo, {d['world_size']} ranks: median of {d['repeats']} (dots: each run)")
     ax.plot(sizes, [1e3 * t for t in d["formula_s"]], "-", color=COLOURS[1],
@@ -185,8 +208,24 @@ def load(path: Path) -> dict[str, Any]:
     return record
 
 
-def render(path: Path) -> str:
-    """The SVG of the data file `path` (its stem names the plot).
+def _narrow(fig: Figure) -> None:
+    """Fit a drawn figure to the narrow size: wrapped labels, slanted ticks."""
+    for ax in fig.axes:
+        ax.set_xlabel(textwrap.fill(ax.get_xlabel(), WRAP))
+        ax.set_ylabel(textwrap.fill(ax.get_ylabel(), WRAP))
+        ax.tick_params(axis="x", labelrotation=40)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+
+
+def pixels(size: str) -> tuple[int, int]:
+    """Width and height in CSS pixels (96 to the inch) of the figure of that size."""
+    width, height = SIZES[size]
+    return round(width * 96), round(height * 96)
+
+
+def render(path: Path, size: str = "wide") -> str:
+    """The SVG of the data file `path` (its stem names the plot) at a size of `SIZES`.
 
     Raises:
         PlotDataError: The file is malformed, or no plot has its name.
@@ -195,14 +234,16 @@ def render(path: Path) -> str:
         raise PlotDataError(f"{path}: no plot is named {path.stem!r} (known: {', '.join(PLOTS)})")
     record, (draw, title, _) = load(path), PLOTS[path.stem]
     with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(7, 3.6), layout="constrained")
+        fig = Figure(figsize=SIZES[size], layout="constrained", facecolor=BACKGROUND)
         try:
             draw(fig, record["data"])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise PlotDataError(f"{path}: 'data' does not fit the {path.stem} plot: {exc!r}") from None
-        fig.suptitle(title, color=GREY)
+        if size == "narrow":
+            _narrow(fig)
+        fig.suptitle(textwrap.fill(title, WRAP) if size == "narrow" else title)
         out = StringIO()
-        fig.savefig(out, format="svg", transparent=True, metadata={"Date": None})
+        fig.savefig(out, format="svg", facecolor=BACKGROUND, metadata={"Date": None})
     return out.getvalue()
 
 
@@ -217,7 +258,11 @@ def figure(name: str, page_url: str) -> str:
     text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(caption))
     command = html.escape(record["command"])
     made = "Computed" if name == "memory" else "Measured"
-    return (f'<figure class="handbook-plot">\n<img src="{up}/plots/{name}.svg" alt="{html.escape(title)}">\n'
+    (width, height), (narrow_width, narrow_height) = pixels("wide"), pixels("narrow")
+    return (f'<figure class="handbook-plot">\n<picture><source media="{NARROW_MEDIA}" '
+            f'srcset="{up}/plots/{name}-narrow.svg" width="{narrow_width}" height="{narrow_height}">'
+            f'<img src="{up}/plots/{name}.svg" width="{width}" height="{height}" alt="{html.escape(title)}">'
+            "</picture>\n"
             f"<figcaption>{text} {made} on {html.escape(record['device'])}, {record['date']}, "
             f"torch {html.escape(record['torch'])}, commit {html.escape(record['commit'])}. "
             f'Regenerate with <code>{command}</code>; data: <a href="{up}/data/{name}.json">{name}.json</a>.'
@@ -225,11 +270,12 @@ def figure(name: str, page_url: str) -> str:
 
 
 def on_files(files: Any, config: Any, **_: Any) -> Any:
-    """Add `plots/NAME.svg`, rendered from `docs/data/NAME.json`, to the site's files."""
+    """Add `plots/NAME.svg` and `plots/NAME-narrow.svg`, rendered from `docs/data/NAME.json`."""
     from mkdocs.structure.files import File
 
     for path in sorted(DATA_DIR.glob("*.json")):
         files.append(File.generated(config, f"plots/{path.stem}.svg", content=render(path)))
+        files.append(File.generated(config, f"plots/{path.stem}-narrow.svg", content=render(path, "narrow")))
     return files
 
 

@@ -405,7 +405,7 @@
     ".handbook-calc input,.handbook-calc select{font:inherit;font-size:.7rem;padding:.15rem .3rem;",
     "color:var(--md-default-fg-color);background:var(--md-default-bg-color);",
     "border:1px solid var(--md-default-fg-color--lighter);border-radius:.1rem}",
-    ".handbook-calc input:focus,.handbook-calc select:focus{outline:2px solid var(--md-accent-fg-color)}",
+    ".handbook-calc input:focus,.handbook-calc select:focus{outline:2px solid var(--md-typeset-a-color);outline-offset:1px}",
     ".handbook-calc table.handbook-calc__result{margin:.4rem 0 0;font-size:.7rem}",
     ".handbook-calc td{padding:.1rem 1.2rem .1rem 0}",
     ".handbook-calc output{font-weight:700;font-variant-numeric:tabular-nums}",

@@ -7,9 +7,12 @@
   const PREFIX = "handbook-quiz:";
   const LABELS = { knew: "Knew it", again: "Review again" };
 
+  function question(details) {
+    return details.querySelector("summary").textContent.trim();
+  }
+
   function storageKey(details) {
-    const summary = details.querySelector("summary");
-    return PREFIX + location.pathname + "#" + summary.textContent.trim();
+    return PREFIX + location.pathname + "#" + question(details);
   }
 
   function read(details) {
@@ -20,6 +23,8 @@
     }
   }
 
+  // The mark lives in three places: storage, the border the CSS draws from data-quiz, and
+  // the pressed state a screen reader announces on the two buttons.
   function write(details, value) {
     try {
       if (value) localStorage.setItem(storageKey(details), value);
@@ -28,6 +33,9 @@
       /* storage disabled: keep the mark on the page only */
     }
     details.dataset.quiz = value || "";
+    details.querySelectorAll(".handbook-quiz__actions button").forEach((button) => {
+      button.setAttribute("aria-pressed", String(button.dataset.mark === value));
+    });
   }
 
   function summarize(questions, bar) {
@@ -44,31 +52,37 @@
     const questions = Array.from(article.querySelectorAll("details.question"));
     if (!questions.length) return;
 
+    // role=status: screen readers read the new tally politely after each mark.
     const bar = document.createElement("div");
     bar.className = "handbook-quiz";
     bar.innerHTML =
-      '<span class="handbook-quiz__count"></span> ' +
-      '<button type="button" class="md-button handbook-quiz__hide">Hide known</button> ' +
+      '<span class="handbook-quiz__count" role="status"></span> ' +
+      '<button type="button" class="md-button handbook-quiz__hide" aria-pressed="false">Hide known</button> ' +
       '<button type="button" class="md-button handbook-quiz__reset">Reset</button>';
     questions[0].parentNode.insertBefore(bar, questions[0].previousElementSibling || questions[0]);
 
     questions.forEach((details) => {
-      details.dataset.quiz = read(details) || "";
       const actions = document.createElement("p");
       actions.className = "handbook-quiz__actions";
       Object.entries(LABELS).forEach(([value, label]) => {
         const button = document.createElement("button");
         button.type = "button";
         button.className = "md-button handbook-quiz__" + value;
+        button.dataset.mark = value;
         button.textContent = label;
+        // Thirty-odd buttons read "Knew it": the name carries its question.
+        button.setAttribute("aria-label", `${label}: ${question(details)}`);
         button.addEventListener("click", () => {
           write(details, value);
           details.open = false;
+          // The button just folded away; focus goes back to its question, not to <body>.
+          details.querySelector("summary").focus();
           summarize(questions, bar);
         });
         actions.appendChild(button);
       });
       details.appendChild(actions);
+      write(details, read(details) || "");
     });
 
     bar.querySelector(".handbook-quiz__reset").addEventListener("click", () => {
@@ -77,7 +91,7 @@
     });
     bar.querySelector(".handbook-quiz__hide").addEventListener("click", (event) => {
       const hiding = article.classList.toggle("handbook-quiz--hide-known");
-      event.target.textContent = hiding ? "Show known" : "Hide known";
+      event.currentTarget.setAttribute("aria-pressed", String(hiding));
     });
     summarize(questions, bar);
   }

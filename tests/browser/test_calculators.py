@@ -238,6 +238,14 @@ COLOURS = """(sel) => {
   return [getComputedStyle(el).color, own === "rgba(0, 0, 0, 0)" ? host : own,
           getComputedStyle(document.body).backgroundColor];
 }"""
+# A focused field's outline colour, the calculator's background it is drawn on, the page's.
+RING = """(sel) => {
+  const el = document.querySelector(sel);
+  el.focus();
+  const style = getComputedStyle(el);
+  return [style.outlineStyle, [style.outlineColor, getComputedStyle(el.closest(".handbook-calc")).backgroundColor,
+          getComputedStyle(document.body).backgroundColor]];
+}"""
 
 
 def test_forms_are_readable_in_light_and_dark_mode_and_after_instant_navigation(browser, server) -> None:  # noqa: F811
@@ -260,6 +268,8 @@ def test_forms_are_readable_in_light_and_dark_mode_and_after_instant_navigation(
             for part in ("input", "output", "label", "p"):
                 colours = page.evaluate(COLOURS, f'.handbook-calc[data-calc="mfu"] {part}')
                 assert _contrast(colours) >= 4.5, f"{schemes[-1]}: {part} {colours}"
+            outline, colours = page.evaluate(RING, '.handbook-calc[data-calc="mfu"] input')
+            assert outline != "none" and _contrast(colours) >= 3, f"{schemes[-1]}: focus ring {colours}"
             form.get_by_label("GPUs").fill("0")
             colours = page.evaluate(COLOURS, '.handbook-calc[data-calc="mfu"] [role=alert]')
             assert _contrast(colours) >= 4.5, f"{schemes[-1]}: error message {colours}"

@@ -41,3 +41,47 @@ def test_marks_survive_a_reload_and_known_questions_can_be_hidden(browser, serve
     finally:
         context.close()
     assert not problems.items, "\n".join(problems.items)
+
+
+NAMES = """() => Array.from(document.querySelectorAll("details.question")).map((details) => [
+  details.querySelector("summary").textContent.trim(),
+  Array.from(details.querySelectorAll(".handbook-quiz__actions button"), (b) => b.getAttribute("aria-label")),
+])"""
+FOCUSED = "() => document.activeElement === document.querySelectorAll('details.question')[0].querySelector('summary')"
+PRESSED = "(sel) => Array.from(document.querySelectorAll(sel), (b) => b.getAttribute('aria-pressed'))"
+
+
+def test_marks_are_announced_and_keep_the_keyboard_in_place(browser, server) -> None:
+    """Pressed states, a name per question, focus back on the question, the tally in a live region."""
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "interview/hard-questions/", wait_until="load")
+        names = page.evaluate(NAMES)
+        assert names[0][1] == [f"Knew it: {names[0][0]}", f"Review again: {names[0][0]}"]
+        labels = [label for _, pair in names for label in pair]
+        assert len(set(labels)) == len(labels), "two quiz buttons share a name"
+        assert page.locator(".handbook-quiz__count").get_attribute("role") == "status"
+        assert set(page.evaluate(PRESSED, ".handbook-quiz__actions button")) == {"false"}
+
+        first = page.locator("article details.question").nth(0)
+        first.locator("summary").click()
+        first.locator(".handbook-quiz__knew").focus()
+        page.keyboard.press("Enter")
+        assert page.evaluate(FOCUSED), "focus left the question it marked"
+        assert page.evaluate(PRESSED, "details.question:first-of-type .handbook-quiz__actions button") \
+            == ["true", "false"]
+        page.keyboard.press("Enter")  # the question's summary still has focus: it opens again
+        assert first.get_attribute("open") is not None
+
+        hide = page.locator(".handbook-quiz__hide")
+        hide.click()
+        assert hide.get_attribute("aria-pressed") == "true" and hide.text_content() == "Hide known"
+        assert not first.is_visible()
+        hide.click()
+        assert hide.get_attribute("aria-pressed") == "false" and first.is_visible()
+        page.locator(".handbook-quiz__reset").click()
+        assert set(page.evaluate(PRESSED, ".handbook-quiz__actions button")) == {"false"}
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)

@@ -8,6 +8,7 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 from datetime import date
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ DATA = support.DOCS / "data"
 PAGES = {"reliability/checkpointing.md": ("resume", "async_checkpoint"), "reliability/performance.md": ("phases",),
          "foundations/parallelism.md": ("memory", "allreduce", "pipeline")}
 IMG = re.compile(r'<img [^>]*src="(?P<src>[^"]*plots/(?P<name>\w+)\.svg)"')
+STYLE = re.compile(r'style="(?P<style>[^"]*)"')
 
 
 def record(name: str) -> dict:
@@ -146,3 +148,70 @@ def test_renderer_refuses_an_unknown_plot(tmp_path: Path) -> None:
     path.write_text(json.dumps(record("memory")), encoding="utf-8")
     with pytest.raises(plots.PlotDataError, match="no plot is named 'nonesuch'"):
         plots.render(path)
+
+
+def _luminance(colour: str) -> float:
+    channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    r, g, b = (c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG contrast ratio of two #rrggbb colours."""
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_plot_text_and_series_read_on_their_white_card() -> None:
+    assert plots.BACKGROUND == "#ffffff"
+    assert contrast(plots.INK, plots.BACKGROUND) >= 4.5
+    for colour in (*plots.COLOURS, plots.GREY, plots.BAND):
+        assert contrast(colour, plots.BACKGROUND) >= 3, colour
+
+
+def test_every_colour_drawn_in_a_plot_reads_on_white(built_site: Path) -> None:
+    """Each fill and stroke is the white card, the faint grid, or a colour at 3:1 or more."""
+    for name in plots.PLOTS:
+        for svg in (built_site / "plots" / f"{name}.svg", built_site / "plots" / f"{name}-narrow.svg"):
+            for style in {m["style"] for m in STYLE.finditer(svg.read_text(encoding="utf-8"))}:
+                props = dict(part.split(": ", 1) for part in style.split("; ") if ": " in part)
+                if props.get("stroke-opacity") == str(plots.STYLE["grid.alpha"]):
+                    assert props["stroke"] == plots.INK, (svg.name, style)
+                    continue
+                assert not any(key.endswith("opacity") for key in props), (svg.name, style)
+                for key in ("fill", "stroke"):
+                    colour = props.get(key, "none")
+                    if colour not in ("none", plots.BACKGROUND):
+                        assert contrast(colour, plots.BACKGROUND) >= 3, (svg.name, style)
+
+
+class _Pictures(HTMLParser):
+    """The attributes of each plot's <source> and <img>, by the plot's name."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: dict[tuple[str, str], dict[str, str]] = {}
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        url = attrs.get("srcset") if tag == "source" else attrs.get("src")
+        if tag in ("source", "img") and url and "/plots/" in url:
+            name = url.rsplit("/", 1)[1].removesuffix(".svg").removesuffix("-narrow")
+            self.found[(name, tag)] = attrs
+
+
+def test_plots_carry_their_size_and_a_narrow_variant(built_site: Path) -> None:
+    """Width and height on the page reserve the plot's room; phones get the narrow figure."""
+    for page, names in PAGES.items():
+        parser = _Pictures()
+        parser.feed((built_site / page.removesuffix(".md") / "index.html").read_text(encoding="utf-8"))
+        for name in names:
+            source, img = parser.found[(name, "source")], parser.found[(name, "img")]
+            assert source["media"] == plots.NARROW_MEDIA and source["srcset"].endswith(f"{name}-narrow.svg")
+            assert (int(source["width"]), int(source["height"])) == plots.pixels("narrow")
+            assert (int(img["width"]), int(img["height"])) == plots.pixels("wide")
+    for name in plots.PLOTS:
+        for size, suffix in (("wide", ""), ("narrow", "-narrow")):
+            root = ET.parse(built_site / "plots" / f"{name}{suffix}.svg").getroot()
+            points = float(root.get("width").removesuffix("pt")), float(root.get("height").removesuffix("pt"))
+            assert tuple(round(p * 4 / 3) for p in points) == plots.pixels(size), (name, size)
