@@ -11,6 +11,7 @@ written to `docs/data/memory_grid.json`; a 405B model at 2,048 ranks takes a few
 one CPU core and a few hundred MB of memory, since no tensor has real storage.
 
     python -m reference_impl.memory_grid                 # the full grid into docs/data
+    python -m reference_impl.memory_grid --reduced       # the test suite's grid, in a minute
     python -m reference_impl.memory_grid --out /tmp      # somewhere else
 
 The model is Llama's block without rotary embeddings (which add no parameters and, under
@@ -215,6 +216,19 @@ def grid() -> list[Config]:
     return [Config(shape, n, ac) for shape, sizes in worlds.items() for n in sizes for ac in (False, True)]
 
 
+def reduced_grid() -> list[Config]:
+    """Llama proportions at sizes that run in seconds (the test suite's grid): FFN 2.75-3.5 x
+    hidden, grouped-query attention, tokens per rank from a quarter of the hidden size (as at
+    405B) to twice it, two to four blocks, 8 and 64 ranks, recompute off and on."""
+    like_8b, like_70b = Shape("8B-like", 1024, 3, 16, 4, 2816, 4096), Shape("70B-like", 1024, 3, 16, 4, 3584, 4096)
+    like_405b = Shape("405B-like", 2048, 3, 16, 2, 6656, 4096)
+    two_blocks = Shape("2 blocks", 1024, 2, 16, 4, 2816, 8000)
+    small_vocab = Shape("small vocabulary", 512, 4, 8, 2, 1792, 1024)
+    return [Config(like_8b, 8, False, 1024), Config(like_8b, 8, True, 1024), Config(like_70b, 64, True, 512),
+            Config(like_405b, 64, False, 512), Config(like_405b, 64, True, 512), Config(two_blocks, 8, True, 1024),
+            Config(small_vocab, 64, False, 1024)]
+
+
 def row(config: Config) -> dict[str, Any]:
     """One grid point: its inputs, the tracker's peak by category, the calculator's and the error."""
     start = time.perf_counter()
@@ -234,15 +248,20 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for memory_grid.json")
+    parser.add_argument("--reduced", action="store_true", help="the test suite's small grid (under a minute)")
     args = parser.parse_args(argv)
-    rows = []
-    for config in grid():
-        rows.append(row(config))
-        print(f"{rows[-1]['config']}: tracker {rows[-1]['tracker']['Total'] / 2**30:.2f} GiB, "
-              f"error {rows[-1]['error']:+.2%} ({rows[-1]['seconds']} s)", file=sys.stderr, flush=True)
-    record = {**metadata("memory_grid"), "command": COMMAND, "data": {"rows": rows}}
+    configs = reduced_grid() if args.reduced else grid()
+    rows: list[dict[str, Any]] = []
+    record = {**metadata("memory_grid"), "command": COMMAND + (" --reduced" if args.reduced else ""),
+              "data": {"grid": "reduced" if args.reduced else "full", "rows": rows}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "memory_grid.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    for config in configs:
+        rows.append(row(config))
+        last = rows[-1]
+        print(f"{last['config']}: tracker {last['tracker']['Total'] / 2**30:.2f} GiB, "
+              f"error {last['error']:+.2%} ({last['seconds']} s)", file=sys.stderr, flush=True)
+        # Written after every configuration: a long grid leaves what it has measured.
+        (args.out / "memory_grid.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

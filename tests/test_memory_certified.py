@@ -13,27 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from reference_impl.memory_grid import CATEGORIES, Config, Shape, predict, track
+from reference_impl.memory_grid import CATEGORIES, Config, predict, reduced_grid, track
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-# Llama proportions at sizes that run in seconds: FFN 2.75-3.5 x hidden, grouped-query
-# attention, tokens per rank from a quarter of the hidden size (as at 405B) to twice it.
-LLAMA_8B_LIKE = Shape("8B-like", 1024, 3, 16, 4, 2816, 4096)
-LLAMA_70B_LIKE = Shape("70B-like", 1024, 3, 16, 4, 3584, 4096)
-LLAMA_405B_LIKE = Shape("405B-like", 2048, 3, 16, 2, 6656, 4096)
-TWO_BLOCKS = Shape("2 blocks", 1024, 2, 16, 4, 2816, 8000)
-SMALL_VOCAB = Shape("4 blocks, small vocabulary", 512, 4, 8, 2, 1792, 1024)
-
-CASES = [
-    Config(LLAMA_8B_LIKE, 8, False, seq_len=1024),
-    Config(LLAMA_8B_LIKE, 8, True, seq_len=1024),
-    Config(LLAMA_70B_LIKE, 64, True, seq_len=512),
-    Config(LLAMA_405B_LIKE, 64, False, seq_len=512),
-    Config(LLAMA_405B_LIKE, 64, True, seq_len=512),
-    Config(TWO_BLOCKS, 8, True, seq_len=1024),
-    Config(SMALL_VOCAB, 64, False, seq_len=1024),
-]
+CASES = reduced_grid()
 TOTAL_TOLERANCE = 0.05
 # Parameters, gradients, optimizer state and the collective buffers are sizes of tensors
 # FSDP2 allocates whole: 1% leaves room for the tracker's few-kilobyte scalars. Activations

@@ -28,6 +28,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 METADATA = ("device", "torch", "date", "commit", "command")
+# Data files that `hooks/tables.py` shows as tables, not plots.
+TABLE_DATA = ("memory_grid",)
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
 GREY = "#8c8c8c"
 COLOURS = ("#3d8fd1", "#e8863a", "#3aa675", "#b46fd1", "#d1495b")
@@ -229,6 +231,8 @@ def on_files(files: Any, config: Any, **_: Any) -> Any:
     from mkdocs.structure.files import File
 
     for path in sorted(DATA_DIR.glob("*.json")):
+        if path.stem in TABLE_DATA:
+            continue
         files.append(File.generated(config, f"plots/{path.stem}.svg", content=render(path)))
     return files
 
