@@ -368,14 +368,28 @@
         ["param_bytes", "Bytes/param: weights", "number", 2],
         ["grad_bytes", "Bytes/param: gradients", "number", 2],
         ["master_bytes", "Bytes/param: fp32 master copy", "number", 4],
-        ["optimizer_bytes", "Bytes/param: optimizer state", "number", 8]
+        ["optimizer_bytes", "Bytes/param: optimizer state", "number", 8],
+        ["ffn_hidden", "FFN hidden size", "number", 16384],
+        ["gated_mlp", "Gated MLP (SwiGLU)", "check", false],
+        ["n_kv_heads", "Key/value heads", "number", 32],
+        ["vocab_size", "Vocabulary size", "number", 0],
+        ["tp_degree", "Tensor-parallel degree", "number", 1],
+        ["pp_degree", "Pipeline stages", "number", 1],
+        ["cp_degree", "Context-parallel degree", "number", 1],
+        ["sequence_parallel", "Sequence parallel", "check", false],
+        ["compute_bytes", "Bytes per activation", "number", 2],
+        ["transients", "Count transients (the step's peak)", "check", false]
       ],
       outputs: [
         ["params_bytes", "Weights", "bytes"], ["grads_bytes", "Gradients", "bytes"],
         ["master_bytes", "Master copy", "bytes"], ["optimizer_bytes", "Optimizer state", "bytes"],
         ["model_state_bytes", "Model state", "bytes"],
         ["activation_bytes_per_layer", "Activations per layer (no checkpointing)", "bytes"],
-        ["activation_bytes", "Activations, all layers", "bytes"], ["total_bytes", "Total per GPU", "bytes"]
+        ["activation_bytes", "Activations (at the peak with transients)", "bytes"],
+        ["sharded_grads_bytes", "Gradients at the peak", "bytes"],
+        ["unsharded_params_bytes", "Gathered weights", "bytes"],
+        ["all_gather_bytes", "All-gather buffer", "bytes"], ["reduce_scatter_bytes", "Reduce-scatter buffer", "bytes"],
+        ["temporary_bytes", "Temporaries", "bytes"], ["total_bytes", "Total per GPU", "bytes"]
       ]
     },
     ring_allreduce: {
