@@ -6,9 +6,10 @@ configuration's world size (`torch.testing._internal.distributed.fake_pg`), appl
 `fully_shard` to every block and to the root with the trainer's bf16
 `MixedPrecisionPolicy` (fp32 gradient reduction), runs two AdamW steps under PyTorch's
 `FSDPMemTracker`, and records the tracker's per-rank peak by category next to
-[`calc.memory`][reference_impl.calc.memory]'s answer for the same inputs. The result is
-written to `docs/data/memory_grid.json`; a 405B model at 2,048 ranks takes a few minutes on
-one CPU core and a few hundred MB of memory, since no tensor has real storage.
+[`calc.memory`][reference_impl.calc.memory]'s answer for the same inputs. The full grid is
+written to `docs/data/memory_grid.json`, the reduced one to `memory_grid_reduced.json`, each
+after every configuration; a 7B configuration takes one to three minutes on one CPU core
+and a few hundred MB of memory, since no tensor has real storage, and larger ones longer.
 
     python -m reference_impl.memory_grid                 # the full grid into docs/data
     python -m reference_impl.memory_grid --reduced       # the test suite's grid, in a minute
@@ -243,16 +244,17 @@ def row(config: Config) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the grid and write `memory_grid.json` into `--out`."""
+    """Run the grid and write `memory_grid.json` (or `memory_grid_reduced.json`) into `--out`."""
     from reference_impl.measure import metadata
 
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for memory_grid.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON file")
     parser.add_argument("--reduced", action="store_true", help="the test suite's small grid (under a minute)")
     args = parser.parse_args(argv)
     configs = reduced_grid() if args.reduced else grid()
+    name = "memory_grid_reduced" if args.reduced else "memory_grid"
     rows: list[dict[str, Any]] = []
-    record = {**metadata("memory_grid"), "command": COMMAND + (" --reduced" if args.reduced else ""),
+    record = {**metadata(name), "command": COMMAND + (" --reduced" if args.reduced else ""),
               "data": {"grid": "reduced" if args.reduced else "full", "rows": rows}}
     args.out.mkdir(parents=True, exist_ok=True)
     for config in configs:
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{last['config']}: tracker {last['tracker']['Total'] / 2**30:.2f} GiB, "
               f"error {last['error']:+.2%} ({last['seconds']} s)", file=sys.stderr, flush=True)
         # Written after every configuration: a long grid leaves what it has measured.
-        (args.out / "memory_grid.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

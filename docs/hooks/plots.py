@@ -29,7 +29,7 @@ from matplotlib.figure import Figure  # noqa: E402
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 METADATA = ("device", "torch", "date", "commit", "command")
 # Data files that `hooks/tables.py` shows as tables, not plots.
-TABLE_DATA = ("memory_grid",)
+TABLE_DATA = ("memory_grid", "memory_grid_reduced")
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
 GREY = "#8c8c8c"
 COLOURS = ("#3d8fd1", "#e8863a", "#3aa675", "#b46fd1", "#d1495b")

@@ -6,9 +6,9 @@
   H100s), each at its best micro-batch and checkpointing choice;
 * `mesh_landmarks`: the meshes an interviewer names (DDP, HSDP in a node, FSDP, TP across
   nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs;
-* `memory_grid`: `calc.memory` against PyTorch's `FSDPMemTracker` on the grid that
-  `python -m reference_impl.memory_grid` writes to `docs/data/memory_grid.json`, with the
-  torch version and the date of that run.
+* `memory_grid`, `memory_grid_reduced`: `calc.memory` against PyTorch's `FSDPMemTracker`
+  on the grids that `python -m reference_impl.memory_grid [--reduced]` writes to
+  `docs/data/`, with the torch version and the date of the run.
 
 An unknown name stops the build with a `ValueError` that lists the known ones.
 """
@@ -59,9 +59,9 @@ def mesh_landmarks() -> str:
     return _table([_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
 
 
-def memory_grid() -> str:
+def _memory_grid(name: str) -> str:
     """Per-rank peak by PyTorch's tracker and by the calculator, one row per configuration."""
-    path = Path(__file__).resolve().parents[1] / "data" / "memory_grid.json"
+    path = Path(__file__).resolve().parents[1] / "data" / f"{name}.json"
     record = json.loads(path.read_text(encoding="utf-8"))
     gib = 2**30
     rows = ["| Configuration | Tracker peak (GiB) | Calculator (GiB) | Error |", "| --- | --- | --- | --- |"]
@@ -75,8 +75,18 @@ def memory_grid() -> str:
     return "\n".join(rows)
 
 
+def memory_grid() -> str:
+    """The grid at Llama-2 and Llama-3 shapes (`docs/data/memory_grid.json`)."""
+    return _memory_grid("memory_grid")
+
+
+def memory_grid_reduced() -> str:
+    """The test suite's reduced grid (`docs/data/memory_grid_reduced.json`)."""
+    return _memory_grid("memory_grid_reduced")
+
+
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
-                                        "memory_grid": memory_grid}
+                                        "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced}
 
 
 def table(name: str) -> str:
