@@ -73,18 +73,21 @@ LLAMA3_405B = Shape("Llama-3 405B", 16384, 126, 128, 8, 53248, 128256)
 
 @dataclass(frozen=True)
 class Config:
-    """One point of the grid: a shape, its FSDP world, its batch and whether blocks recompute."""
+    """One point of the grid: a shape, its FSDP world (the ranks that shard), its batch, whether
+    blocks recompute, and the replicas of that world (HSDP when more than one)."""
 
     shape: Shape
     world_size: int
     activation_checkpointing: bool
     seq_len: int = 4096
     micro_batch: int = 1
+    replicas: int = 1
 
     @property
     def label(self) -> str:
         """A short name for tables: model, ranks, recompute."""
-        return (f"{self.shape.name}, {self.shape.n_layers} layers, FSDP {self.world_size}, "
+        sharding = f"HSDP {self.replicas} x {self.world_size}" if self.replicas > 1 else f"FSDP {self.world_size}"
+        return (f"{self.shape.name}, {self.shape.n_layers} layers, {sharding}, "
                 f"seq {self.seq_len}, AC {'on' if self.activation_checkpointing else 'off'}")
 
 
@@ -137,15 +140,17 @@ class Llama(nn.Module):
 
 
 @contextmanager
-def fake_world(world_size: int) -> Iterator[DeviceMesh]:
-    """A fake process group of `world_size` ranks (this process is rank 0), its 1-D mesh, and
-    fake tensors (the mesh is built first: it reads its rank map, which fake tensors lack)."""
+def fake_world(world_size: int, replicas: int = 1) -> Iterator[DeviceMesh]:
+    """A fake process group of `replicas x world_size` ranks (this process is rank 0), its mesh
+    (2-D, replicate by shard, for HSDP), and fake tensors (the mesh is built first: it reads
+    its rank map, which fake tensors lack)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    dist.init_process_group("fake", rank=0, world_size=replicas * world_size, store=FakeStore())
     try:
-        mesh = init_device_mesh("cpu", (world_size,))
+        mesh = (init_device_mesh("cpu", (replicas, world_size), mesh_dim_names=("replicate", "shard"))
+                if replicas > 1 else init_device_mesh("cpu", (world_size,)))
         with FakeTensorMode():
             yield mesh
     finally:
@@ -163,7 +168,7 @@ def track(config: Config) -> dict[str, int]:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     shape = config.shape
-    with fake_world(config.world_size) as mesh:
+    with fake_world(config.world_size, config.replicas) as mesh:
         with torch.device("meta"):
             model = Llama(shape)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -220,14 +225,16 @@ def grid() -> list[Config]:
 def reduced_grid() -> list[Config]:
     """Llama proportions at sizes that run in seconds (the test suite's grid): FFN 2.75-3.5 x
     hidden, grouped-query attention, tokens per rank from a quarter of the hidden size (as at
-    405B) to twice it, two to four blocks, 8 and 64 ranks, recompute off and on."""
+    405B) to twice it, two to four blocks, FSDP over 8 and 64 ranks and HSDP (4 replicas of 8
+    and of 16), recompute off and on."""
     like_8b, like_70b = Shape("8B-like", 1024, 3, 16, 4, 2816, 4096), Shape("70B-like", 1024, 3, 16, 4, 3584, 4096)
     like_405b = Shape("405B-like", 2048, 3, 16, 2, 6656, 4096)
     two_blocks = Shape("2 blocks", 1024, 2, 16, 4, 2816, 8000)
     small_vocab = Shape("small vocabulary", 512, 4, 8, 2, 1792, 1024)
     return [Config(like_8b, 8, False, 1024), Config(like_8b, 8, True, 1024), Config(like_70b, 64, True, 512),
             Config(like_405b, 64, False, 512), Config(like_405b, 64, True, 512), Config(two_blocks, 8, True, 1024),
-            Config(small_vocab, 64, False, 1024)]
+            Config(small_vocab, 64, False, 1024), Config(like_8b, 8, True, 1024, replicas=4),
+            Config(like_405b, 16, False, 512, replicas=4)]
 
 
 def row(config: Config) -> dict[str, Any]:
@@ -236,8 +243,8 @@ def row(config: Config) -> dict[str, Any]:
     measured = track(config)
     predicted = predict(config)
     return {"config": config.label, "shape": asdict(config.shape), "world_size": config.world_size,
-            "activation_checkpointing": config.activation_checkpointing, "seq_len": config.seq_len,
-            "micro_batch": config.micro_batch, "tracker": measured,
+            "replicas": config.replicas, "activation_checkpointing": config.activation_checkpointing,
+            "seq_len": config.seq_len, "micro_batch": config.micro_batch, "tracker": measured,
             "calculator": {key: predicted[key] for key in CATEGORIES.values()},
             "error": predicted["total_bytes"] / measured["Total"] - 1,
             "seconds": round(time.perf_counter() - start, 1)}

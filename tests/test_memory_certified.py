@@ -2,11 +2,13 @@
 
 Each case builds a Llama-style model (RMSNorm, SwiGLU, grouped-query attention, untied
 embedding and output projection) of two to four blocks on fake tensors with a fake process
-group of 8 or 64 ranks, shards every block and the root with FSDP2 under the trainer's bf16
-`MixedPrecisionPolicy` (fp32 reduce), and runs AdamW steps under the tracker
-(`reference_impl.memory_grid.track`). The calculator's per-rank peak must be within 5% of
-the tracker's, the handbook's promise, with each category the tracker reports held to the tolerance
-stated below. The full grid at 7B-405B shapes is `python -m reference_impl.memory_grid`.
+group of 8 to 64 ranks, shards every block and the root with FSDP2 (or HSDP: 4 replicas of
+an 8- or 16-rank shard group, where `calc.memory`'s `world_size` is the shard group) under
+the trainer's bf16 `MixedPrecisionPolicy` (fp32 reduce), and runs AdamW steps under the
+tracker (`reference_impl.memory_grid.track`). The calculator's per-rank peak must be within
+5% of the tracker's, the handbook's promise, with each category the tracker reports held to
+the tolerance stated below. The full grid at 7B-405B shapes is
+`python -m reference_impl.memory_grid`.
 """
 
 from __future__ import annotations
