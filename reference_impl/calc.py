@@ -127,7 +127,8 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
 
     Args:
         params: Number of model parameters.
-        world_size: Data-parallel ranks N that shard the state (ignored by `ddp`).
+        world_size: Data-parallel ranks N that shard the state (ignored by `ddp`; under HSDP
+            the shard group, not the replicas).
         strategy: One of `ddp`, `zero1`, `zero2`, `zero3`, `fsdp`.
         seq_len: Tokens per sequence.
         micro_batch: Sequences per micro-batch on one GPU.
