@@ -57,33 +57,78 @@ def _flag(name: str, value: Any) -> bool:
 def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro_batch: int,
            hidden: int, n_heads: int, n_layers: int, activation_checkpointing: bool = False,
            stores_attention_scores: bool = False, param_bytes: float = 2, grad_bytes: float = 2,
-           master_bytes: float = 4, optimizer_bytes: float = 8) -> dict[str, float]:
+           master_bytes: float = 4, optimizer_bytes: float = 8, ffn_hidden: int | None = None,
+           gated_mlp: bool = False, n_kv_heads: int | None = None, vocab_size: int = 0,
+           tp_degree: int = 1, pp_degree: int = 1, cp_degree: int = 1, sequence_parallel: bool = False,
+           compute_bytes: float = 2, transients: bool = False) -> dict[str, float]:
     """Memory per GPU for training with Adam: model state, sharded or not, plus activations.
 
     Model state is `params x (param_bytes + grad_bytes + master_bytes + optimizer_bytes)`,
     by default 2 + 2 + 4 + 8 = 16 bytes per parameter (bf16 weights and gradients, an fp32
     master copy, fp32 Adam first and second moments; Rajbhandari et al., *ZeRO*, 2020).
     PyTorch autocast keeps fp32 weights and gradients and no master copy: 4 + 4 + 0 + 8,
-    also 16. Sharding over `world_size` N divides by N:
+    also 16; FSDP2 with a bf16 `MixedPrecisionPolicy` keeps fp32 sharded weights and
+    gradients, also 4 + 4 + 0 + 8. Sharding over `world_size` N divides by N:
 
     - `ddp`: nothing (every rank holds a full replica);
     - `zero1`: the master weights and the optimizer state;
     - `zero2`: those and the gradients;
     - `zero3` or `fsdp` (FSDP2 is ZeRO-3): everything.
 
-    Activations per transformer layer, 16-bit, no tensor parallelism (Korthikanti et al.,
-    2022, §4): `seq_len x micro_batch x hidden x (34 + 5 x n_heads x seq_len / hidden)`
-    bytes; the second term, the stored attention scores, is dropped unless
-    `stores_attention_scores` (fused attention, such as PyTorch's
-    `scaled_dot_product_attention`, does not keep them). With full activation
-    checkpointing every layer keeps only its 16-bit input, `2 x seq_len x micro_batch x
-    hidden` bytes, and one layer's full activations are live while it is recomputed.
-    Not counted: temporary buffers, the allocator's fragmentation, and FSDP's gathered
-    copy of the layer being computed.
+    Tensor and pipeline parallelism divide the parameters a rank holds by
+    `tp_degree x pp_degree` before that.
+
+    Activations per transformer layer, `compute_bytes` (c) per element, T = `seq_len x
+    micro_batch / cp_degree` tokens per rank, kv = `hidden x n_kv_heads / n_heads`, f =
+    `ffn_hidden`:
+
+    - a GPT block (`gated_mlp` off; Korthikanti et al., 2022, §4):
+      `T x (c (6 hidden + 2 kv + 2 f) + 2 hidden)`, the last term the two dropout masks; with
+      the defaults (c = 2, kv = hidden, f = 4 hidden) it is their `34 x T x hidden`;
+    - a Llama block (`gated_mlp` on: RMSNorm, SwiGLU, no dropout), as PyTorch's autograd
+      saves it: `T x (c (12 hidden + 2 kv + 4 f) + 4 n_heads + 8)`: the residual stream,
+      the two RMSNorms' saved inputs and fp32 intermediates, q/k/v, the attention output and
+      its contiguous copy, the three SwiGLU products, the attention's fp32 log-sum-exp and the
+      norms' fp32 reciprocals.
+
+    Both add `5 x n_heads x seq_len` bytes per token when `stores_attention_scores`
+    (unfused attention keeps the scores; PyTorch's `scaled_dot_product_attention` does not).
+    Tensor parallelism divides the parts inside the attention and the MLP by `tp_degree`;
+    the hidden-sized tensors around them only with `sequence_parallel`. With full activation
+    checkpointing every layer keeps only its input, `c x T x hidden`, and one layer's
+    activations are live while it is recomputed. Under a pipeline the first stage holds
+    `pp_degree` micro-batches of its `n_layers / pp_degree` layers (1F1B), as many as all
+    layers of one micro-batch.
+
+    With `transients` off (the default) the answer is that steady state: model state plus
+    stored activations. With it on, `total_bytes` is the per-rank peak of a training step
+    as PyTorch's `FSDPMemTracker` measures it, the largest of these moments:
+
+    - the loss: every layer's activations, the unsharded root (embedding and output
+      projection, `2 x vocab_size x hidden`, kept gathered through the step), the fp32
+      log-softmax of the logits stored, and two fp32 logits-sized gradients;
+    - (`zero3`/`fsdp`) inside the SwiGLU backward of a block: the root and that block
+      gathered (`unsharded_params_bytes`), the next block's all-gather buffer
+      (`all_gather_bytes`), the block above's fp32 gradients on their way to the
+      reduce-scatter (`reduce_scatter_bytes`), the sharded gradients of the blocks done,
+      the block's activations (recomputed under checkpointing) less the product already
+      consumed, and the gradients of four f-sized activations;
+    - (`zero3`/`fsdp`) the end of a block's backward: its bf16 gradients (the attention's
+      counted twice by the tracker) and their fp32 copy for the reduce-scatter.
+
+    Each is taken at the blocks where it is largest (the first and last two to run
+    backward), with the prefetch the tracker shows: none below block 0 and none in the
+    first block to run backward, except inside its SwiGLU without recompute. On the
+    certified grid (`python -m reference_impl.memory_grid`) the peak is within 5% of the
+    tracker's; the tensor-parallel, pipeline and context-parallel terms are Megatron-LM's
+    accounting, not certified. Not counted: the allocator's fragmentation and its cached
+    free blocks, which depend on the order of allocations and on the allocator, not on
+    sizes (PyTorch's `expandable_segments` makes them small).
 
     Args:
         params: Number of model parameters.
-        world_size: Data-parallel ranks N that shard the state (ignored by `ddp`).
+        world_size: Data-parallel ranks N that shard the state (ignored by `ddp`; under HSDP
+            the shard group, not the replicas).
         strategy: One of `ddp`, `zero1`, `zero2`, `zero3`, `fsdp`.
         seq_len: Tokens per sequence.
         micro_batch: Sequences per micro-batch on one GPU.
@@ -92,19 +137,35 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         n_layers: Transformer layers.
         activation_checkpointing: Recompute each layer in backward (keep only its input).
         stores_attention_scores: Count the `n_heads x seq_len^2` attention scores (unfused attention).
-        param_bytes: Bytes per parameter of the weights used in forward and backward.
-        grad_bytes: Bytes per parameter of the gradients.
+        param_bytes: Bytes per parameter of the weights the optimizer updates.
+        grad_bytes: Bytes per parameter of the gradients (and of FSDP's reduce-scatter).
         master_bytes: Bytes per parameter of a separate master copy (0 when there is none).
         optimizer_bytes: Bytes per parameter of optimizer state (Adam's two fp32 moments: 8).
+        ffn_hidden: Width of the MLP; `None` for `4 x hidden`.
+        gated_mlp: A Llama block (SwiGLU's three matrices, RMSNorm, no dropout).
+        n_kv_heads: Key/value heads (grouped-query attention); `None` for `n_heads`.
+        vocab_size: Vocabulary of the untied embedding and output projection; 0 leaves both,
+            and the logits, out.
+        tp_degree: Tensor-parallel ranks; divides `n_heads` and `n_kv_heads`.
+        pp_degree: Pipeline stages; divides `n_layers`.
+        cp_degree: Context-parallel ranks; divides `seq_len`.
+        sequence_parallel: Shard the hidden-sized activations over the tensor-parallel ranks too.
+        compute_bytes: Bytes per element of gathered weights and of activations (bf16: 2).
+        transients: Count what lives only at the step's peak (see above).
 
     Returns:
         Bytes per GPU: `params_bytes`, `grads_bytes`, `master_bytes`, `optimizer_bytes`,
         their sum `model_state_bytes`, `activation_bytes_per_layer` (without
-        checkpointing), `activation_bytes` (all layers, as configured) and `total_bytes`.
+        checkpointing), `activation_bytes` (as configured; at the peak with `transients`)
+        and `total_bytes`; and the tracker's categories at the peak:
+        `sharded_params_bytes`, `sharded_grads_bytes`, `optimizer_state_bytes`,
+        `unsharded_params_bytes`, `all_gather_bytes`, `reduce_scatter_bytes`,
+        `temporary_bytes` and `input_bytes` (the token ids).
 
     Raises:
-        ValueError: A non-positive size, an unknown strategy, or `hidden` not a multiple
-            of `n_heads`.
+        ValueError: A non-positive size, an unknown strategy, or sizes that do not divide
+            (`hidden` by `n_heads`, heads by key/value heads or by the TP degree, layers by
+            pipeline stages, the sequence by the context-parallel degree).
     """
     p = _positive("params", params)
     n = _count("world_size", world_size)
@@ -120,14 +181,95 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
              "grads_bytes": _non_negative("grad_bytes", grad_bytes),
              "master_bytes": _non_negative("master_bytes", master_bytes),
              "optimizer_bytes": _non_negative("optimizer_bytes", optimizer_bytes)}
+    f = 4 * h if ffn_hidden is None else _count("FFN hidden size", ffn_hidden)
+    gated = _flag("Gated MLP (SwiGLU)", gated_mlp)
+    kv_heads = a if n_kv_heads is None else _count("Key/value heads", n_kv_heads)
+    vocab = _count("Vocabulary size", vocab_size, 0)
+    t, pp = _count("Tensor-parallel degree", tp_degree), _count("Pipeline stages", pp_degree)
+    cp = _count("Context-parallel degree", cp_degree)
+    sp = _flag("Sequence parallel", sequence_parallel)
+    c = _positive("Bytes per activation", compute_bytes)
+    peak = _flag("Count transients", transients)
+    if a % kv_heads:
+        raise ValueError(f"Attention heads ({a}) must be a multiple of key/value heads ({kv_heads})")
+    if a % t or kv_heads % t:
+        raise ValueError(f"Attention heads ({a}) and key/value heads ({kv_heads}) must be multiples "
+                         f"of the tensor-parallel degree ({t})")
+    if layers % pp:
+        raise ValueError(f"Layers ({layers}) must be a multiple of the pipeline stages ({pp})")
+    if s % cp:
+        raise ValueError(f"Sequence length ({s}) must be a multiple of the context-parallel degree ({cp})")
+
     sharded = {"ddp": (), "zero1": ("master_bytes", "optimizer_bytes"),
                "zero2": ("master_bytes", "optimizer_bytes", "grads_bytes")}.get(strategy, tuple(sizes))
-    state = {key: p * per_param / (n if key in sharded else 1) for key, per_param in sizes.items()}
-    per_layer = s * b * h * (34 + (5 * a * s / h if scores else 0))
-    activations = layers * 2 * s * b * h + per_layer if checkpointing else layers * per_layer
+    state = {key: p / (t * pp) * per_param / (n if key in sharded else 1) for key, per_param in sizes.items()}
     model_state = state["params_bytes"] + state["grads_bytes"] + state["master_bytes"] + state["optimizer_bytes"]
-    return {**state, "model_state_bytes": model_state, "activation_bytes_per_layer": per_layer,
-            "activation_bytes": activations, "total_bytes": model_state + activations}
+
+    tokens = s * b / cp
+    kv = h // a * kv_heads
+    sp_divisor = t if sp else 1
+    if gated:  # 12 hidden-sized: q, the attention output and its copy inside TP's region, 9 around it
+        around, inside = c * 9 * h + 8, c * (h + 2 * kv + 2 * h + 4 * f) + 4 * a
+    else:  # Korthikanti's 10 sbh outside the tensor-parallel region, 24 sbh inside
+        around, inside = c * 4 * h + 2 * h, c * (2 * h + 2 * kv + 2 * f)
+    per_layer = tokens * (around / sp_divisor + inside / t + (5 * a * s / cp / t if scores else 0))
+    stage_layers = layers // pp
+    layer_input = c * tokens * h / sp_divisor
+    # 1F1B: the first stage holds pp micro-batches of its layers, as many as n_layers of one.
+    stored = stage_layers * pp * (layer_input if checkpointing else per_layer)
+    activations = stored + per_layer if checkpointing else stored
+    out = {**state, "model_state_bytes": model_state, "activation_bytes_per_layer": per_layer,
+           "activation_bytes": activations, "sharded_params_bytes": state["params_bytes"],
+           "sharded_grads_bytes": state["grads_bytes"],
+           "optimizer_state_bytes": state["master_bytes"] + state["optimizer_bytes"],
+           "unsharded_params_bytes": 0.0, "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
+           "temporary_bytes": 0.0, "input_bytes": 0.0, "total_bytes": model_state + activations}
+    if not peak:
+        return out
+
+    gathered = strategy in ("zero3", "fsdp") and n > 1
+    block_params = (h * (h + 2 * kv) + h * h + (3 if gated else 2) * h * f) / t + 2 * h
+    # Under a pipeline the last stage holds the output projection and the logits, the larger end.
+    root_params = (2 if pp == 1 else 1) * vocab * h / t + (h if vocab else 0)
+    logits = tokens * vocab / t
+    around_root = 5 * layer_input if vocab else 0  # embedding output, final norm's saved tensors
+    loss = {"sharded_grads_bytes": 0.0 if gathered else state["grads_bytes"],
+            "unsharded_params_bytes": c * root_params if gathered else 0.0,
+            "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
+            "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": 2 * 4 * logits}
+    moments = [loss]
+    if gathered:
+        # Block `at` (0 nearest the input) in backward: the blocks above it are done (their
+        # sharded gradients exist) and the output projection's bf16 gradient waits for the
+        # root's reduce-scatter at the end of backward. The next block down is being
+        # gathered, except below block 0 and, as the tracker shows, while the first block to
+        # run backward finishes (or, with recompute, at any time in that block).
+        recomputed = tokens * c * f / t
+        attention_params = (h * (h + 2 * kv) + h * h) / t
+        output_grad = c * vocab * h / t
+        for at in sorted({0, min(1, stage_layers - 1), max(stage_layers - 2, 0), stage_layers - 1}):
+            below = (at + 1) * pp * layer_input if checkpointing else at * pp * per_layer
+            common = {"sharded_grads_bytes": (stage_layers - 1 - at) * block_params * sizes["grads_bytes"] / n,
+                      "unsharded_params_bytes": c * (root_params + block_params)}
+            gathering = c * block_params if 0 < at < stage_layers - 1 else 0.0
+            reducing = sizes["grads_bytes"] * block_params
+            # Inside the SwiGLU's backward: the block's activations less its consumed product;
+            # the block above's fp32 reduce-scatter input is still in flight.
+            prefetched = c * block_params if at > 0 and not checkpointing else gathering
+            moments.append({**common, "all_gather_bytes": prefetched,
+                            "reduce_scatter_bytes": reducing if at < stage_layers - 1 else 0.0,
+                            "activation_bytes": below + per_layer - recomputed,
+                            "temporary_bytes": 4 * recomputed + (output_grad + layer_input if checkpointing else 0)})
+            # The block's backward done: its bf16 gradients (the attention's twice) and their
+            # fp32 copy for the reduce-scatter.
+            moments.append({**common, "all_gather_bytes": gathering, "reduce_scatter_bytes": reducing,
+                            "activation_bytes": below + 2 * layer_input,
+                            "temporary_bytes": c * (block_params + attention_params) + output_grad
+                            + 2 * layer_input})
+    token_ids = 8 * tokens if vocab else 0.0  # int64
+    worst = max(moments, key=lambda m: sum(m.values()))
+    fixed = out["sharded_params_bytes"] + out["optimizer_state_bytes"] + token_ids
+    return {**out, **worst, "input_bytes": token_ids, "total_bytes": fixed + sum(worst.values())}
 
 
 def ring_allreduce(*, size_bytes: float, world_size: int, bandwidth_bytes_per_s: float,

@@ -32,6 +32,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 METADATA = ("device", "torch", "date", "commit", "command")
+# Data files that `hooks/tables.py` shows as tables, not plots.
+TABLE_DATA = ("memory_grid", "memory_grid_reduced")
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
 INK = "#404040"  # text and axes
 GREY = "#6b6b6b"  # a grey series, 5.3:1
@@ -274,6 +276,8 @@ def on_files(files: Any, config: Any, **_: Any) -> Any:
     from mkdocs.structure.files import File
 
     for path in sorted(DATA_DIR.glob("*.json")):
+        if path.stem in TABLE_DATA:
+            continue
         files.append(File.generated(config, f"plots/{path.stem}.svg", content=render(path)))
         files.append(File.generated(config, f"plots/{path.stem}-narrow.svg", content=render(path, "narrow")))
     return files

@@ -5,15 +5,20 @@
 * `mesh_ranking`: the fastest meshes of `reference_impl.plan.search()` (a 70B model on 64
   H100s), each at its best micro-batch and checkpointing choice;
 * `mesh_landmarks`: the meshes an interviewer names (DDP, HSDP in a node, FSDP, TP across
-  nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs.
+  nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs;
+* `memory_grid`, `memory_grid_reduced`: `calc.memory` against PyTorch's `FSDPMemTracker`
+  on the grids that `python -m reference_impl.memory_grid [--reduced]` writes to
+  `docs/data/`, with the torch version and the date of the run.
 
 An unknown name stops the build with a `ValueError` that lists the known ones.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from reference_impl.plan import Plan, best_per_mesh, search
@@ -54,7 +59,34 @@ def mesh_landmarks() -> str:
     return _table([_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
 
 
-TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks}
+def _memory_grid(name: str) -> str:
+    """Per-rank peak by PyTorch's tracker and by the calculator, one row per configuration."""
+    path = Path(__file__).resolve().parents[1] / "data" / f"{name}.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    gib = 2**30
+    rows = ["| Configuration | Tracker peak (GiB) | Calculator (GiB) | Error |", "| --- | --- | --- | --- |"]
+    # Rounded before formatting so that an error of -1e-9 reads +0.00%, not -0.00%.
+    rows += [f"| {r['config']} | {r['tracker']['Total'] / gib:.3f} | {r['calculator']['total_bytes'] / gib:.3f} "
+             f"| {round(r['error'], 4) + 0.0:+.2%} |" for r in record["data"]["rows"]]
+    worst = max(abs(r["error"]) for r in record["data"]["rows"])
+    rows.append(f"\n{len(record['data']['rows'])} configurations, largest error {worst:.2%}; torch "
+                f"{record['torch']}, {record['device']}, {record['date']}, commit {record['commit']}. "
+                f"Regenerate with `{record['command']}`.")
+    return "\n".join(rows)
+
+
+def memory_grid() -> str:
+    """The grid at Llama-2 and Llama-3 shapes (`docs/data/memory_grid.json`)."""
+    return _memory_grid("memory_grid")
+
+
+def memory_grid_reduced() -> str:
+    """The test suite's reduced grid (`docs/data/memory_grid_reduced.json`)."""
+    return _memory_grid("memory_grid_reduced")
+
+
+TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
+                                        "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced}
 
 
 def table(name: str) -> str:

@@ -78,7 +78,9 @@
     var x = bind("memory", inputs,
       ["params", "world_size", "strategy", "seq_len", "micro_batch", "hidden", "n_heads", "n_layers"],
       {activation_checkpointing: false, stores_attention_scores: false, param_bytes: 2, grad_bytes: 2,
-        master_bytes: 4, optimizer_bytes: 8});
+        master_bytes: 4, optimizer_bytes: 8, ffn_hidden: null, gated_mlp: false, n_kv_heads: null,
+        vocab_size: 0, tp_degree: 1, pp_degree: 1, cp_degree: 1, sequence_parallel: false,
+        compute_bytes: 2, transients: false});
     var p = positive("params", x.params);
     var n = count("world_size", x.world_size);
     if (STRATEGIES.indexOf(x.strategy) < 0) {
@@ -95,21 +97,116 @@
       master_bytes: nonNegative("master_bytes", x.master_bytes),
       optimizer_bytes: nonNegative("optimizer_bytes", x.optimizer_bytes)
     };
+    var f = x.ffn_hidden === null ? 4 * h : count("FFN hidden size", x.ffn_hidden);
+    var gated = flag("Gated MLP (SwiGLU)", x.gated_mlp);
+    var kvHeads = x.n_kv_heads === null ? a : count("Key/value heads", x.n_kv_heads);
+    var vocab = count("Vocabulary size", x.vocab_size, 0);
+    var t = count("Tensor-parallel degree", x.tp_degree), pp = count("Pipeline stages", x.pp_degree);
+    var cp = count("Context-parallel degree", x.cp_degree);
+    var sp = flag("Sequence parallel", x.sequence_parallel);
+    var c = positive("Bytes per activation", x.compute_bytes);
+    var peak = flag("Count transients", x.transients);
+    if (a % kvHeads) {
+      throw new Error("Attention heads (" + a + ") must be a multiple of key/value heads (" + kvHeads + ")");
+    }
+    if (a % t || kvHeads % t) {
+      throw new Error("Attention heads (" + a + ") and key/value heads (" + kvHeads + ") must be multiples " +
+        "of the tensor-parallel degree (" + t + ")");
+    }
+    if (layers % pp) throw new Error("Layers (" + layers + ") must be a multiple of the pipeline stages (" + pp + ")");
+    if (s % cp) {
+      throw new Error("Sequence length (" + s + ") must be a multiple of the context-parallel degree (" + cp + ")");
+    }
+
     var sharded = {
       ddp: [], zero1: ["master_bytes", "optimizer_bytes"],
       zero2: ["master_bytes", "optimizer_bytes", "grads_bytes"]
     }[x.strategy] || Object.keys(sizes);
     var out = {};
     Object.keys(sizes).forEach(function (key) {
-      out[key] = p * sizes[key] / (sharded.indexOf(key) >= 0 ? n : 1);
+      out[key] = p / (t * pp) * sizes[key] / (sharded.indexOf(key) >= 0 ? n : 1);
     });
-    var perLayer = s * b * h * (34 + (scores ? 5 * a * s / h : 0));
-    var activations = checkpointing ? layers * 2 * s * b * h + perLayer : layers * perLayer;
     var state = out.params_bytes + out.grads_bytes + out.master_bytes + out.optimizer_bytes;
+
+    var tokens = s * b / cp;
+    var kv = h / a * kvHeads;
+    var spDivisor = sp ? t : 1;
+    var around, inside;
+    if (gated) {
+      around = c * 9 * h + 8;
+      inside = c * (h + 2 * kv + 2 * h + 4 * f) + 4 * a;
+    } else {
+      around = c * 4 * h + 2 * h;
+      inside = c * (2 * h + 2 * kv + 2 * f);
+    }
+    var perLayer = tokens * (around / spDivisor + inside / t + (scores ? 5 * a * s / cp / t : 0));
+    var stageLayers = layers / pp;
+    var layerInput = c * tokens * h / spDivisor;
+    var stored = stageLayers * pp * (checkpointing ? layerInput : perLayer);
+    var activations = checkpointing ? stored + perLayer : stored;
     out.model_state_bytes = state;
     out.activation_bytes_per_layer = perLayer;
     out.activation_bytes = activations;
+    out.sharded_params_bytes = out.params_bytes;
+    out.sharded_grads_bytes = out.grads_bytes;
+    out.optimizer_state_bytes = out.master_bytes + out.optimizer_bytes;
+    out.unsharded_params_bytes = 0;
+    out.all_gather_bytes = 0;
+    out.reduce_scatter_bytes = 0;
+    out.temporary_bytes = 0;
+    out.input_bytes = 0;
     out.total_bytes = state + activations;
+    if (!peak) return out;
+
+    var gathered = (x.strategy === "zero3" || x.strategy === "fsdp") && n > 1;
+    var blockParams = (h * (h + 2 * kv) + h * h + (gated ? 3 : 2) * h * f) / t + 2 * h;
+    var rootParams = (pp === 1 ? 2 : 1) * vocab * h / t + (vocab ? h : 0);
+    var logits = tokens * vocab / t;
+    var aroundRoot = vocab ? 5 * layerInput : 0;
+    var moments = [{
+      sharded_grads_bytes: gathered ? 0 : out.grads_bytes,
+      unsharded_params_bytes: gathered ? c * rootParams : 0,
+      all_gather_bytes: 0, reduce_scatter_bytes: 0,
+      activation_bytes: stored + aroundRoot + 4 * logits, temporary_bytes: 2 * 4 * logits
+    }];
+    if (gathered) {
+      var recomputed = tokens * c * f / t;
+      var attentionParams = (h * (h + 2 * kv) + h * h) / t;
+      var outputGrad = c * vocab * h / t;
+      var blocks = [0, Math.min(1, stageLayers - 1), Math.max(stageLayers - 2, 0), stageLayers - 1];
+      blocks = blocks.filter(function (v, i) { return blocks.indexOf(v) === i; }).sort(function (p1, p2) {
+        return p1 - p2;
+      });
+      blocks.forEach(function (at) {
+        var below = checkpointing ? (at + 1) * pp * layerInput : at * pp * perLayer;
+        var done = (stageLayers - 1 - at) * blockParams * sizes.grads_bytes / n;
+        var unsharded = c * (rootParams + blockParams);
+        var gathering = at > 0 && at < stageLayers - 1 ? c * blockParams : 0;
+        moments.push({
+          sharded_grads_bytes: done, unsharded_params_bytes: unsharded,
+          all_gather_bytes: at > 0 && !checkpointing ? c * blockParams : gathering,
+          reduce_scatter_bytes: at < stageLayers - 1 ? sizes.grads_bytes * blockParams : 0,
+          activation_bytes: below + perLayer - recomputed,
+          temporary_bytes: 4 * recomputed + (checkpointing ? outputGrad + layerInput : 0)
+        });
+        moments.push({
+          sharded_grads_bytes: done, unsharded_params_bytes: unsharded, all_gather_bytes: gathering,
+          reduce_scatter_bytes: sizes.grads_bytes * blockParams,
+          activation_bytes: below + 2 * layerInput,
+          temporary_bytes: c * (blockParams + attentionParams) + outputGrad + 2 * layerInput
+        });
+      });
+    }
+    function sum(m) {
+      return m.sharded_grads_bytes + m.unsharded_params_bytes + m.all_gather_bytes + m.reduce_scatter_bytes +
+        m.activation_bytes + m.temporary_bytes;
+    }
+    var worst = moments[0];
+    moments.forEach(function (m) { if (sum(m) > sum(worst)) worst = m; });
+    var fixed = out.sharded_params_bytes + out.optimizer_state_bytes + (vocab ? 8 * tokens : 0);
+    Object.keys(worst).forEach(function (key) { out[key] = worst[key]; });
+    out.input_bytes = vocab ? 8 * tokens : 0;
+    out.total_bytes = fixed + sum(worst);
     return out;
   }
 
@@ -271,14 +368,28 @@
         ["param_bytes", "Bytes/param: weights", "number", 2],
         ["grad_bytes", "Bytes/param: gradients", "number", 2],
         ["master_bytes", "Bytes/param: fp32 master copy", "number", 4],
-        ["optimizer_bytes", "Bytes/param: optimizer state", "number", 8]
+        ["optimizer_bytes", "Bytes/param: optimizer state", "number", 8],
+        ["ffn_hidden", "FFN hidden size", "number", 16384],
+        ["gated_mlp", "Gated MLP (SwiGLU)", "check", false],
+        ["n_kv_heads", "Key/value heads", "number", 32],
+        ["vocab_size", "Vocabulary size", "number", 0],
+        ["tp_degree", "Tensor-parallel degree", "number", 1],
+        ["pp_degree", "Pipeline stages", "number", 1],
+        ["cp_degree", "Context-parallel degree", "number", 1],
+        ["sequence_parallel", "Sequence parallel", "check", false],
+        ["compute_bytes", "Bytes per activation", "number", 2],
+        ["transients", "Count transients (the step's peak)", "check", false]
       ],
       outputs: [
         ["params_bytes", "Weights", "bytes"], ["grads_bytes", "Gradients", "bytes"],
         ["master_bytes", "Master copy", "bytes"], ["optimizer_bytes", "Optimizer state", "bytes"],
         ["model_state_bytes", "Model state", "bytes"],
         ["activation_bytes_per_layer", "Activations per layer (no checkpointing)", "bytes"],
-        ["activation_bytes", "Activations, all layers", "bytes"], ["total_bytes", "Total per GPU", "bytes"]
+        ["activation_bytes", "Activations (at the peak with transients)", "bytes"],
+        ["sharded_grads_bytes", "Gradients at the peak", "bytes"],
+        ["unsharded_params_bytes", "Gathered weights", "bytes"],
+        ["all_gather_bytes", "All-gather buffer", "bytes"], ["reduce_scatter_bytes", "Reduce-scatter buffer", "bytes"],
+        ["temporary_bytes", "Temporaries", "bytes"], ["total_bytes", "Total per GPU", "bytes"]
       ]
     },
     ring_allreduce: {

@@ -41,15 +41,20 @@ def _maybe(rng: random.Random, inputs: dict, **optional) -> dict:
 
 
 def _memory(rng: random.Random) -> dict:
-    heads = rng.randint(1, 128)
+    # Heads as a product of key/value heads, so grouped-query attention and TP degrees divide.
+    kv_heads, group, tp = rng.choice([1, 2, 8]), rng.choice([1, 4, 8]), rng.choice([1, 1, 2, 8])
+    heads, pp = kv_heads * group * tp, rng.choice([1, 1, 2, 4])
     return _maybe(rng, {
         "params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(1, 4096),
-        "strategy": rng.choice(calc.STRATEGIES), "seq_len": rng.randint(1, 131_072),
+        "strategy": rng.choice(calc.STRATEGIES), "seq_len": 2 ** rng.randint(2, 17),
         "micro_batch": rng.randint(1, 64), "hidden": heads * rng.randint(1, 256), "n_heads": heads,
-        "n_layers": rng.randint(1, 160)},
+        "n_layers": pp * rng.randint(1, 40)},
         activation_checkpointing=rng.random() < 0.5, stores_attention_scores=rng.random() < 0.5,
         param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([0, 2, 4]),
-        master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]))
+        master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]),
+        ffn_hidden=rng.randint(1, 65_536), gated_mlp=rng.random() < 0.5, n_kv_heads=kv_heads * tp,
+        vocab_size=rng.choice([0, 32_000, 128_256]), tp_degree=tp, pp_degree=pp, cp_degree=rng.choice([1, 2, 4]),
+        sequence_parallel=rng.random() < 0.5, compute_bytes=rng.choice([1, 2, 4]), transients=rng.random() < 0.5)
 
 
 def _ring_allreduce(rng: random.Random) -> dict:

@@ -5,6 +5,7 @@ and show what reference_impl.plan computes."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -102,5 +103,23 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    with pytest.raises(ValueError, match=r"^<!-- table: nope -->: no such table \(known: mesh_ranking, mesh_landmarks\)$"):
+    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced"
+    with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
+
+
+@pytest.mark.parametrize("name", ["memory_grid", "memory_grid_reduced"])
+def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(name: str) -> None:
+    """Each row of a committed grid still matches `calc.memory` as it is now, within 5% of
+    the tracker, and the table shows every row."""
+    from reference_impl.memory_grid import Config, Shape, predict
+
+    record = json.loads((support.DOCS / "data" / f"{name}.json").read_text(encoding="utf-8"))
+    rows = record["data"]["rows"]
+    for r in rows:
+        config = Config(Shape(**r["shape"]), r["world_size"], r["activation_checkpointing"], r["seq_len"],
+                        r["micro_batch"], r.get("replicas", 1))
+        assert predict(config)["total_bytes"] == pytest.approx(r["calculator"]["total_bytes"], rel=1e-12), r["config"]
+        assert abs(r["error"]) <= 0.05, r["config"]
+    lines = _computed_tables()[name].splitlines()
+    assert [line.split(" | ")[0] for line in lines[2:2 + len(rows)]] == [f"| {r['config']}" for r in rows]

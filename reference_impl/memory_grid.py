@@ -1,0 +1,278 @@
+"""PyTorch's own memory accounting for Llama-shaped models under FSDP2, against `calc.memory`.
+
+`python -m reference_impl.memory_grid` builds each configuration of the grid on fake
+tensors (`FakeTensorMode`: shapes and dtypes, no storage) with a fake process group of the
+configuration's world size (`torch.testing._internal.distributed.fake_pg`), applies FSDP2
+`fully_shard` to every block and to the root with the trainer's bf16
+`MixedPrecisionPolicy` (fp32 gradient reduction), runs two AdamW steps under PyTorch's
+`FSDPMemTracker`, and records the tracker's per-rank peak by category next to
+[`calc.memory`][reference_impl.calc.memory]'s answer for the same inputs. The full grid is
+written to `docs/data/memory_grid.json`, the reduced one to `memory_grid_reduced.json`, each
+after every configuration; a 7B configuration takes one to three minutes on one CPU core
+and a few hundred MB of memory, since no tensor has real storage, and larger ones longer.
+
+    python -m reference_impl.memory_grid                 # the full grid into docs/data
+    python -m reference_impl.memory_grid --reduced       # the test suite's grid, in a minute
+    python -m reference_impl.memory_grid --out /tmp      # somewhere else
+
+The model is Llama's block without rotary embeddings (which add no parameters and, under
+`torch.compile`, no stored activations): RMSNorm, a fused bias-free q/k/v projection with
+grouped-query attention through `scaled_dot_product_attention`, the output projection,
+RMSNorm, SwiGLU; untied input embedding and output projection around the blocks, a final
+RMSNorm, and a cross-entropy loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from reference_impl import calc
+
+COMMAND = "python -m reference_impl.memory_grid"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "data"
+
+# The tracker's category names, mapped to the calculator's outputs that predict them.
+CATEGORIES = {"Sharded Param": "sharded_params_bytes", "Unsharded Param": "unsharded_params_bytes",
+              "Sharded Grad": "sharded_grads_bytes", "OptState": "optimizer_state_bytes",
+              "All Gather": "all_gather_bytes", "Reduce Scatter": "reduce_scatter_bytes",
+              "Activation": "activation_bytes", "Temp": "temporary_bytes", "Total": "total_bytes"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama-style model's sizes."""
+
+    name: str
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    vocab_size: int
+
+
+LLAMA_7B = Shape("Llama-2 7B", 4096, 32, 32, 32, 11008, 32000)
+LLAMA_13B = Shape("Llama-2 13B", 5120, 40, 40, 40, 13824, 32000)
+LLAMA3_70B = Shape("Llama-3 70B", 8192, 80, 64, 8, 28672, 128256)
+LLAMA3_405B = Shape("Llama-3 405B", 16384, 126, 128, 8, 53248, 128256)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the grid: a shape, its FSDP world (the ranks that shard), its batch, whether
+    blocks recompute, and the replicas of that world (HSDP when more than one)."""
+
+    shape: Shape
+    world_size: int
+    activation_checkpointing: bool
+    seq_len: int = 4096
+    micro_batch: int = 1
+    replicas: int = 1
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: model, ranks, recompute."""
+        sharding = f"HSDP {self.replicas} x {self.world_size}" if self.replicas > 1 else f"FSDP {self.world_size}"
+        return (f"{self.shape.name}, {self.shape.n_layers} layers, {sharding}, "
+                f"seq {self.seq_len}, AC {'on' if self.activation_checkpointing else 'off'}")
+
+
+class Block(nn.Module):
+    """A Llama decoder block (no rotary embedding)."""
+
+    def __init__(self, shape: Shape) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads = shape.n_heads, shape.n_kv_heads
+        self.head_dim = shape.hidden // shape.n_heads
+        kv = self.n_kv_heads * self.head_dim
+        self.attention_norm = nn.RMSNorm(shape.hidden)
+        self.qkv = nn.Linear(shape.hidden, shape.hidden + 2 * kv, bias=False)
+        self.wo = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        self.ffn_norm = nn.RMSNorm(shape.hidden)
+        self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.w3 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Attention and SwiGLU, each behind RMSNorm and a residual connection."""
+        b, s, h = x.shape
+        kv = self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(self.attention_norm(x)).split([h, kv, kv], dim=-1)
+        q = q.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        x = x + self.wo(o.transpose(1, 2).reshape(b, s, h))
+        y = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
+
+
+class Llama(nn.Module):
+    """Untied embedding, decoder blocks, final RMSNorm, output projection."""
+
+    def __init__(self, shape: Shape) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(shape.vocab_size, shape.hidden)
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layers))
+        self.norm = nn.RMSNorm(shape.hidden)
+        self.output = nn.Linear(shape.hidden, shape.vocab_size, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits for every position."""
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.output(self.norm(x))
+
+
+@contextmanager
+def fake_world(world_size: int, replicas: int = 1) -> Iterator[DeviceMesh]:
+    """A fake process group of `replicas x world_size` ranks (this process is rank 0), its mesh
+    (2-D, replicate by shard, for HSDP), and fake tensors (the mesh is built first: it reads
+    its rank map, which fake tensors lack)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=replicas * world_size, store=FakeStore())
+    try:
+        mesh = (init_device_mesh("cpu", (replicas, world_size), mesh_dim_names=("replicate", "shard"))
+                if replicas > 1 else init_device_mesh("cpu", (world_size,)))
+        with FakeTensorMode():
+            yield mesh
+    finally:
+        dist.destroy_process_group()
+
+
+def track(config: Config) -> dict[str, int]:
+    """The tracker's per-rank peak bytes by category for one training step of `config`.
+
+    Two steps run; the tracker's statistics are reset after the first, so the peak is that
+    of a steady-state step, with the optimizer state allocated.
+    """
+    from torch.distributed._composable.checkpoint_activation import checkpoint
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    shape = config.shape
+    with fake_world(config.world_size, config.replicas) as mesh:
+        with torch.device("meta"):
+            model = Llama(shape)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            if config.activation_checkpointing:
+                checkpoint(block)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
+        model.to_empty(device="cpu")
+        # foreach=False: under fake tensors the tracker counts the foreach kernels' temporaries
+        # at the unsharded size (megabytes where a real run allocates kilobytes); the per-tensor
+        # loop allocates what a real run does.
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        tokens = torch.randint(0, shape.vocab_size, (config.micro_batch, config.seq_len))
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((tokens,))
+        with tracker:
+            for step in range(2):
+                # No name holds the bf16 logits: they are freed once the fp32 copy exists.
+                F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten()).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if step == 0:
+                    tracker.reset_mod_stats()
+        (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return {getattr(key, "value", str(key)): int(value) for key, value in peak.items()}
+
+
+def predict(config: Config) -> dict[str, float]:
+    """`calc.memory` for `config` as the trainer runs it: FSDP2, bf16 compute, fp32 state."""
+    s = config.shape
+    return calc.memory(
+        params=llama_params(s), world_size=config.world_size, strategy="fsdp", seq_len=config.seq_len,
+        micro_batch=config.micro_batch, hidden=s.hidden, n_heads=s.n_heads, n_layers=s.n_layers,
+        activation_checkpointing=config.activation_checkpointing, param_bytes=4, grad_bytes=4, master_bytes=0,
+        optimizer_bytes=8, ffn_hidden=s.ffn_hidden, gated_mlp=True, n_kv_heads=s.n_kv_heads,
+        vocab_size=s.vocab_size, compute_bytes=2, transients=True)
+
+
+def llama_params(shape: Shape) -> int:
+    """Parameters of `Llama(shape)`, counted from its sizes."""
+    h, kv = shape.hidden, shape.hidden // shape.n_heads * shape.n_kv_heads
+    block = 2 * h + h * (h + 2 * kv) + h * h + 3 * h * shape.ffn_hidden
+    return shape.n_layers * block + 2 * shape.vocab_size * h + h
+
+
+def grid() -> list[Config]:
+    """The full grid: four shapes, FSDP worlds of 8 to 2,048 ranks, recompute off and on."""
+    worlds = {LLAMA_7B: (8, 64, 256), LLAMA_13B: (16, 128, 512), LLAMA3_70B: (64, 512, 1024),
+              LLAMA3_405B: (256, 1024, 2048)}
+    return [Config(shape, n, ac) for shape, sizes in worlds.items() for n in sizes for ac in (False, True)]
+
+
+def reduced_grid() -> list[Config]:
+    """Llama proportions at sizes that run in seconds (the test suite's grid): FFN 2.75-3.5 x
+    hidden, grouped-query attention, tokens per rank from a quarter of the hidden size (as at
+    405B) to twice it, two to four blocks, FSDP over 8 and 64 ranks and HSDP (4 replicas of 8
+    and of 16), recompute off and on."""
+    like_8b, like_70b = Shape("8B-like", 1024, 3, 16, 4, 2816, 4096), Shape("70B-like", 1024, 3, 16, 4, 3584, 4096)
+    like_405b = Shape("405B-like", 2048, 3, 16, 2, 6656, 4096)
+    two_blocks = Shape("2 blocks", 1024, 2, 16, 4, 2816, 8000)
+    small_vocab = Shape("small vocabulary", 512, 4, 8, 2, 1792, 1024)
+    return [Config(like_8b, 8, False, 1024), Config(like_8b, 8, True, 1024), Config(like_70b, 64, True, 512),
+            Config(like_405b, 64, False, 512), Config(like_405b, 64, True, 512), Config(two_blocks, 8, True, 1024),
+            Config(small_vocab, 64, False, 1024), Config(like_8b, 8, True, 1024, replicas=4),
+            Config(like_405b, 16, False, 512, replicas=4)]
+
+
+def row(config: Config) -> dict[str, Any]:
+    """One grid point: its inputs, the tracker's peak by category, the calculator's and the error."""
+    start = time.perf_counter()
+    measured = track(config)
+    predicted = predict(config)
+    return {"config": config.label, "shape": asdict(config.shape), "world_size": config.world_size,
+            "replicas": config.replicas, "activation_checkpointing": config.activation_checkpointing,
+            "seq_len": config.seq_len, "micro_batch": config.micro_batch, "tracker": measured,
+            "calculator": {key: predicted[key] for key in CATEGORIES.values()},
+            "error": predicted["total_bytes"] / measured["Total"] - 1,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid and write `memory_grid.json` (or `memory_grid_reduced.json`) into `--out`."""
+    from reference_impl.measure import metadata
+
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON file")
+    parser.add_argument("--reduced", action="store_true", help="the test suite's small grid (under a minute)")
+    args = parser.parse_args(argv)
+    configs = reduced_grid() if args.reduced else grid()
+    name = "memory_grid_reduced" if args.reduced else "memory_grid"
+    rows: list[dict[str, Any]] = []
+    record = {**metadata(name), "command": COMMAND + (" --reduced" if args.reduced else ""),
+              "data": {"grid": "reduced" if args.reduced else "full", "rows": rows}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for config in configs:
+        rows.append(row(config))
+        last = rows[-1]
+        print(f"{last['config']}: tracker {last['tracker']['Total'] / 2**30:.2f} GiB, "
+              f"error {last['error']:+.2%} ({last['seconds']} s)", file=sys.stderr, flush=True)
+        # Written after every configuration: a long grid leaves what it has measured.
+        (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
