@@ -35,6 +35,8 @@ SECTION = re.compile(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<--
                      re.S | re.M)
 MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
 ALL_IN_ONE = "reference/all-in-one.md"
+HEADERLINK = re.compile(r'<a class="headerlink" href="#[^"]*" title="Permanent link">[^<]*</a>')
+TABLE_MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")  # expanded by docs/hooks/tables.py
 SELF_TEST_MARK = "<!-- self-test -->"
 QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
 DECK_PATH = "interview/hard-questions.apkg"
@@ -127,8 +129,15 @@ def assemble_all_in_one(markdown: str) -> str:
     """Inline every `--8<-- "docs/x.md"` page, headings demoted, repeated code blocks linked."""
     shown: set[str] = set()
     return PAGE_INCLUDE.sub(
-        lambda m: _plain_code(_show_code_once(_demote_headings(
-            (ROOT / m["path"]).read_text(encoding="utf-8")), shown)), markdown)
+        lambda m: _name_tables(_plain_code(_show_code_once(_demote_headings(
+            (ROOT / m["path"]).read_text(encoding="utf-8")), shown)), m["path"]), markdown)
+
+
+def _name_tables(text: str, path: str) -> str:
+    """Point at a page's computed data tables instead of repeating them: they are measured
+    grids, rows of numbers to look up, not text to read in a final pass."""
+    link = posixpath.relpath(path.removeprefix("docs/"), posixpath.dirname(ALL_IN_ONE))
+    return TABLE_MARK.sub(lambda t: f"*The computed table `{t['name']}` is on [its page]({link}).*", text)
 
 
 def _plain_code(text: str) -> str:
@@ -253,6 +262,14 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
             f"install the package first (it needs torch and numpy): `{install_command(repo_url)}`\n\n"
             "</div>"))
     return markdown
+
+
+def on_page_content(html: str, page: Any, **_: Any) -> str:
+    """The all-in-one page drops its 150 headings' permanent links (a tenth of its weight on a
+    phone): the sections it inlines have their own pages, where the permanent links are."""
+    if page.file.src_uri != ALL_IN_ONE:
+        return html
+    return HEADERLINK.sub("", html)
 
 
 def on_post_build(config: Any, **_: Any) -> None:
