@@ -182,6 +182,8 @@ def make_dir(path: Path, mode: int = DIR_MODE) -> None:
 
     Directories that already exist keep their permissions: they are the user's.
     """
+    if path.is_dir():  # the common case (every progress note): one stat
+        return
     missing = [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
     for directory in reversed(missing):
         try:

@@ -36,6 +36,7 @@ from reference_impl.checkpoint.layouts import LAYOUTS, AsyncSaver
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.checkpoint.manifest import (
     FORMAT,
+    MANIFEST,
     TRAIN_FILE,
     check_compatible,
     check_contents,
@@ -153,13 +154,13 @@ class CheckpointManager:
         return None
 
     def _remember_valid(self, path: Path) -> None:
-        info = (path / "manifest.json").stat()
+        info = (path / MANIFEST).stat()
         self._valid[path.name] = (info.st_ino, info.st_mtime_ns)
 
     def _is_valid(self, path: Path) -> bool:
         """Whether `path` is a checkpoint that verifies (remembered once verified or published here)."""
         try:
-            info = (path / "manifest.json").lstat()
+            info = (path / MANIFEST).lstat()
             if self._valid.get(path.name) == (info.st_ino, info.st_mtime_ns) and not path.is_symlink():
                 return True
             verify(path, read_manifest(path))
@@ -226,7 +227,6 @@ class CheckpointManager:
         tmp = self.root / f".{PROGRESS}.{os.getpid()}.tmp"
         try:
             make_dir(self.root)
-            remove(tmp)
             write_private(tmp, json.dumps({"step": step}).encode(), durable=False)  # a hint: no fsync
             os.replace(tmp, self.root / PROGRESS)
         except OSError as exc:
