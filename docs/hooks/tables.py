@@ -8,7 +8,10 @@
   nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs;
 * `memory_grid`, `memory_grid_reduced`: `calc.memory` against PyTorch's `FSDPMemTracker`
   on the grids that `python -m reference_impl.memory_grid [--reduced]` writes to
-  `docs/data/`, with the torch version and the date of the run.
+  `docs/data/`, with the torch version and the date of the run;
+* `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
+  data file the `pipeline` plot beside it draws (`hooks/plots.py`), so table and plot
+  always show the same run.
 
 An unknown name stops the build with a `ValueError` that lists the known ones.
 """
@@ -23,6 +26,8 @@ from typing import Any
 
 from reference_impl.plan import Plan, best_per_mesh, search
 
+DATA = Path(__file__).resolve().parents[1] / "data"
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")
 RANKED_ROWS = 6
 LANDMARKS = {"64x1x1x1": "DDP", "8x8x1x1": "HSDP, shard in a node", "1x64x1x1": "FSDP2",
@@ -61,8 +66,7 @@ def mesh_landmarks() -> str:
 
 def _memory_grid(name: str) -> str:
     """Per-rank peak by PyTorch's tracker and by the calculator, one row per configuration."""
-    path = Path(__file__).resolve().parents[1] / "data" / f"{name}.json"
-    record = json.loads(path.read_text(encoding="utf-8"))
+    record = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
     gib = 2**30
     rows = ["| Configuration | Tracker peak (GiB) | Calculator (GiB) | Error |", "| --- | --- | --- | --- |"]
     # Rounded before formatting so that an error of -1e-9 reads +0.00%, not -0.00%.
@@ -71,6 +75,19 @@ def _memory_grid(name: str) -> str:
     worst = max(abs(r["error"]) for r in record["data"]["rows"])
     rows.append(f"\n{len(record['data']['rows'])} configurations, largest error {worst:.2%}; torch "
                 f"{record['torch']}, {record['device']}, {record['date']}, commit {record['commit']}. "
+                f"Regenerate with `{record['command']}`.")
+    return "\n".join(rows)
+
+
+def pipeline_bubble() -> str:
+    """Each schedule and micro-batch count of the measured pipeline run, with its metadata."""
+    record = json.loads((DATA / "pipeline.json").read_text(encoding="utf-8"))
+    rows = ["| Schedule | m | Step (s) | Busy (s) | Idle, measured | Idle, formula |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    rows += [f"| {SCHEDULES[c['schedule']]} | {c['microbatches']} | {c['step_s']:.3f} | {c['busy_s']:.3f} "
+             f"| {c['measured_idle']:.3f} | {c['formula_idle']:.3f} |" for c in record["data"]["cases"]]
+    rows.append(f"\n{record['data']['pp_degree']} stages, fastest of {record['data']['rounds']} steps per case; "
+                f"torch {record['torch']}, {record['device']}, {record['date']}, commit {record['commit']}. "
                 f"Regenerate with `{record['command']}`.")
     return "\n".join(rows)
 
@@ -86,7 +103,8 @@ def memory_grid_reduced() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
-                                        "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced}
+                                        "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
+                                        "pipeline_bubble": pipeline_bubble}
 
 
 def table(name: str) -> str:

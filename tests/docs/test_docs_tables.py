@@ -80,7 +80,7 @@ def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> No
     assert marks == set(_computed_tables())
 
 
-@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks"])
+@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble"])
 def test_computed_tables_are_well_formed(name: str) -> None:
     assert table_problems(_computed_tables()[name].splitlines(), name) == []
 
@@ -103,7 +103,7 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced"
+    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble"
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -123,3 +123,25 @@ def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(na
         assert abs(r["error"]) <= 0.05, r["config"]
     lines = _computed_tables()[name].splitlines()
     assert [line.split(" | ")[0] for line in lines[2:2 + len(rows)]] == [f"| {r['config']}" for r in rows]
+
+
+def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
+    """The measured pipeline table is the data file the plot beside it draws, row for row,
+    and the page's reading of it holds: neither schedule idles less at every m."""
+    import plots
+
+    assert plots.DATA_DIR / "pipeline.json" == support.DOCS / "data" / "pipeline.json"
+    record = plots.load(plots.DATA_DIR / "pipeline.json")
+    cases = record["data"]["cases"]
+    lines = _computed_tables()["pipeline_bubble"].splitlines()[2:2 + len(cases)]
+    rows = [line.strip("| ").split(" | ") for line in lines]
+    assert rows == [[{"gpipe": "GPipe", "1f1b": "1F1B"}[c["schedule"]], str(c["microbatches"]), f"{c['step_s']:.3f}",
+                     f"{c['busy_s']:.3f}", f"{c['measured_idle']:.3f}", f"{c['formula_idle']:.3f}"] for c in cases]
+    assert f"{record['date']}, commit {record['commit']}" in _computed_tables()["pipeline_bubble"]
+    page = (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+    table_at, plot_at = page.index("<!-- table: pipeline_bubble -->"), page.index("<!-- plot: pipeline -->")
+    assert 0 < plot_at - table_at < 1200, "the table and the plot stand together"
+    idle = {(c["schedule"], c["microbatches"]): c["measured_idle"] for c in cases}
+    counts = sorted({m for _, m in idle})
+    assert not all(idle["1f1b", m] < idle["gpipe", m] for m in counts)
+    assert not all(idle["gpipe", m] < idle["1f1b", m] for m in counts)
