@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from reference_impl import calc
 from reference_impl.plan import Job, Plan, _bandwidth, best_per_mesh, evaluate, search
 
 GB = 1e9
@@ -107,6 +108,17 @@ def test_a_group_is_inside_a_node_up_to_exactly_the_node_size(gpus_per_node: int
     job = dataclasses.replace(JOB, gpus_per_node=gpus_per_node)
     assert _bandwidth(job, 1) == _bandwidth(job, gpus_per_node) == JOB.intra_node_bandwidth
     assert _bandwidth(job, gpus_per_node + 1) == _bandwidth(job, 2 * gpus_per_node) == JOB.inter_node_bandwidth
+
+
+def test_ten_times_the_gpus_send_the_same_bytes_over_slower_links() -> None:
+    """An all-reduce over one node of 8 GPUs and over ten nodes: each GPU sends nearly the
+    same bytes, but the ten-node group runs at the network's bandwidth, not the node's."""
+    grads = 70e9 * 2
+    one_node = calc.ring_allreduce(size_bytes=grads, world_size=8, bandwidth_bytes_per_s=_bandwidth(JOB, 8))
+    ten_nodes = calc.ring_allreduce(size_bytes=grads, world_size=80, bandwidth_bytes_per_s=_bandwidth(JOB, 80))
+    assert ten_nodes["bytes_per_rank"] / one_node["bytes_per_rank"] == pytest.approx((79 / 80) / (7 / 8))  # 1.13
+    assert JOB.intra_node_bandwidth / JOB.inter_node_bandwidth == 8
+    assert f"{ten_nodes['time_s'] / one_node['time_s']:.1f}" == "9.0"
 
 
 def test_each_groups_bandwidth_follows_its_span_on_the_node_boundary() -> None:
