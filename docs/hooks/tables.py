@@ -32,36 +32,48 @@ MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")
 RANKED_ROWS = 6
 LANDMARKS = {"64x1x1x1": "DDP", "8x8x1x1": "HSDP, shard in a node", "1x64x1x1": "FSDP2",
              "1x4x16x1": "TP 16 + FSDP2", "1x8x8x1": "TP 8 + FSDP2", "1x1x8x8": "TP 8 + PP 8"}
-HEADER = ("| Mesh (replicate × shard × TP × PP) | Micro-batch | Recompute | GB per GPU | Compute (s) | TP comm (s) "
-          "| FSDP/DP comm (s) | Bubble | Step (s) | MFU | Verdict |")
+# Two narrow tables instead of one wide one, so that both fit a 720 px column: the landmarks
+# say whether a mesh runs and how fast; the ranking where the step's time goes.
+LANDMARK_HEADER = "| Mesh | Named | b | AC | GB | Step (s) | MFU | Verdict |"
+RANKING_HEADER = "| Mesh | b | AC | GB | Compute (s) | TP (s) | FSDP/DP (s) | Bubble | Step (s) | MFU |"
+LEGEND = ("\nMesh: data-parallel replicas × FSDP shards × TP × PP degrees. b: sequences per micro-batch. "
+          "AC: activation checkpointing (recompute). GB: the per-GPU peak of `calc.memory`, 10⁹ bytes.")
 
 
-def _row(plan: Plan, name: str = "") -> str:
-    mesh = plan.mesh.replace("x", " × ") + (f" ({name})" if name else "")
+def _setting(plan: Plan) -> str:
+    """Mesh, micro-batch, recompute and memory cells of a priced plan."""
+    return (f"| {plan.mesh.replace('x', '×')} | {plan.micro_batch} | {'yes' if plan.activation_checkpointing else 'no'} "
+            f"| {plan.memory_bytes / 1e9:.1f} ")
+
+
+def _landmark_row(plan: Plan, name: str) -> str:
     if plan.rejected and not plan.memory_bytes:  # rejected for its layout, before it was priced
-        return f"| {mesh} | | | | | | | | | | {plan.rejected} |"
-    setting = (f"| {mesh} | {plan.micro_batch} | {'yes' if plan.activation_checkpointing else 'no'} "
-               f"| {plan.memory_bytes / 1e9:.1f} ")
+        return f"| {plan.mesh.replace('x', '×')} | {name} | | | | | | {plan.rejected} |"
+    mesh, rest = _setting(plan).split(" | ", 1)
     if plan.rejected:  # out of memory even at its smallest setting: no time to show
-        return setting + f"| | | | | | | {plan.rejected} |"
-    return setting + (f"| {plan.compute_s:.2f} | {plan.tp_comm_s:.2f} | {plan.dp_comm_s:.2f} "
-                      f"| {plan.bubble_fraction:.1%} | {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |")
+        return f"{mesh} | {name} | {rest}| | | {plan.rejected} |"
+    return f"{mesh} | {name} | {rest}| {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |"
 
 
-def _table(rows: list[str]) -> str:
-    return "\n".join([HEADER, "|" + " --- |" * HEADER.count(" |"), *rows])
+def _ranking_row(plan: Plan) -> str:
+    return _setting(plan) + (f"| {plan.compute_s:.2f} | {plan.tp_comm_s:.2f} | {plan.dp_comm_s:.2f} "
+                             f"| {plan.bubble_fraction:.1%} | {plan.step_time_s:.2f} | {plan.mfu:.1%} |")
+
+
+def _table(header: str, rows: list[str]) -> str:
+    return "\n".join([header, "|" + " --- |" * header.count(" |"), *rows, LEGEND])
 
 
 def mesh_ranking() -> str:
-    """The fastest meshes that run, best setting of each."""
+    """The fastest meshes that run, best setting of each, and where their step's time goes."""
     runs = [plan for plan in best_per_mesh(search()) if not plan.rejected]
-    return _table([_row(plan) for plan in runs[:RANKED_ROWS]])
+    return _table(RANKING_HEADER, [_ranking_row(plan) for plan in runs[:RANKED_ROWS]])
 
 
 def mesh_landmarks() -> str:
     """The named meshes, each at its best setting or with the reason none runs."""
     best = {plan.mesh: plan for plan in best_per_mesh(search())}
-    return _table([_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
+    return _table(LANDMARK_HEADER, [_landmark_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
 
 
 def _memory_grid(name: str) -> str:

@@ -88,15 +88,18 @@ def test_computed_tables_are_well_formed(name: str) -> None:
 def test_the_mesh_tables_show_what_the_search_computes() -> None:
     from reference_impl.plan import best_per_mesh, search
 
-    ranking = _computed_tables()["mesh_ranking"].splitlines()[2:]
+    ranking = _computed_tables()["mesh_ranking"].splitlines()[2:2 + 6]
     best = best_per_mesh(search())
-    assert len(ranking) == 6
-    for row, plan in zip(ranking, best):
-        assert row.startswith(f"| {plan.mesh.replace('x', ' × ')} | {plan.micro_batch} |")
-        assert f"| {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |" in row
-    landmarks = dict(line.split(" | ", 1) for line in _computed_tables()["mesh_landmarks"].splitlines()[2:])
-    assert landmarks["| 64 × 1 × 1 × 1 (DDP)"].endswith("| needs 1127 GB per GPU, over 80 GB |")
-    assert landmarks["| 1 × 4 × 16 × 1 (TP 16 + FSDP2)"].endswith("| TP 16 does not fit in a node of 8 GPUs |")
+    for row, plan in zip(ranking, best[:6], strict=True):
+        assert row.startswith(f"| {plan.mesh.replace('x', '×')} | {plan.micro_batch} |")
+        assert row.endswith(f"| {plan.step_time_s:.2f} | {plan.mfu:.1%} |")
+    rows = _computed_tables()["mesh_landmarks"].splitlines()[2:8]
+    landmarks = {row.split(" | ")[1]: row for row in rows}
+    assert landmarks["DDP"].startswith("| 64×1×1×1 | DDP | 1 | yes | 1140.9 |")
+    assert landmarks["DDP"].endswith("| needs 1141 GB per GPU, over 80 GB |")
+    assert landmarks["TP 16 + FSDP2"].endswith("| TP 16 does not fit in a node of 8 GPUs |")
+    assert all(table.endswith("GB: the per-GPU peak of `calc.memory`, 10⁹ bytes.")
+               for table in (_computed_tables()["mesh_ranking"], _computed_tables()["mesh_landmarks"]))
 
 
 def test_an_unknown_table_stops_the_build() -> None:
