@@ -61,7 +61,10 @@ def _ranking_row(plan: Plan) -> str:
 
 
 def _table(header: str, rows: list[str]) -> str:
-    return "\n".join([header, "|" + " --- |" * header.count(" |"), *rows, LEGEND])
+    """The table, narrow enough for the page's column (`handbook-compact` in extra.css), and its legend."""
+    table = "\n".join([header, "|" + " --- |" * header.count(" |"), *rows])
+    return f'<div class="handbook-compact" markdown>\n\n{table}\n\n</div>\n{LEGEND}'
+
 
 
 def mesh_ranking() -> str:
