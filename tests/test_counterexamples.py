@@ -54,6 +54,31 @@ def test_naive_digest_differs_between_processes() -> None:
     assert ours_a == ours_b and len(ours_a) == 64, "the sha256 digest is the same everywhere"
 
 
+def test_hash_seed_salts_str_and_bytes_not_numbers() -> None:
+    """PYTHONHASHSEED salts the hashes of str and bytes, and of whatever hashes them (a
+    tuple holding a str, a frozen dataclass with a str field); int and float hash the same
+    in every process (an int to itself)."""
+    code = """
+        import dataclasses, json
+
+        @dataclasses.dataclass(frozen=True)
+        class Config:
+            name: str
+            steps: int
+
+        values = {"str": "lr", "bytes": b"lr", "tuple with a str": ("lr", 3), "frozen config": Config("lr", 3),
+                  "int": 12345, "big int": 2**70, "float": 0.25, "tuple of ints": (1, 2)}
+        print(json.dumps({name: hash(value) for name, value in values.items()}))
+    """
+    runs = [_python(code, PYTHONHASHSEED=seed) for seed in ("1", "2")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = (json.loads(run.stdout) for run in runs)
+    salted = {name for name in first if first[name] != second[name]}
+    assert salted == {"str", "bytes", "tuple with a str", "frozen config"}
+    assert first["int"] == 12345
+
+
 # 2 ------------------------------------------------------------------------------------
 def test_counting_in_iter_overcounts_with_workers() -> None:
     """The naive sampler reports every index the loader has *pulled*, and a resume from
