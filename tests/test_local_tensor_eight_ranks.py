@@ -30,6 +30,7 @@ Kept on gloo processes, because they cannot run under LocalTensorMode in torch 2
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -39,6 +40,7 @@ from torch import nn
 from torch.distributed._local_tensor import LocalTensor, LocalTensorMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference_impl import parallel, tensor_parallel
 from reference_impl.config import TrainConfig
@@ -82,13 +84,33 @@ def _max_error(sim: torch.Tensor, ref: torch.Tensor) -> float:
     return max((v - ref).abs().max().item() for v in ranks.values())
 
 
+class _Collectives(TorchDispatchMode):
+    """Counts the collectives issued inside it, by name (all_gather_into_tensor, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = func.__name__.split(".")[0]
+        # The namespace also holds waits and autograd wrappers, which move no data.
+        if func.namespace == "_c10d_functional" and name != "wait_tensor" and not name.startswith("_"):
+            self.counts[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _tokens(cfg: TrainConfig, n: int) -> torch.Tensor:
     return torch.randint(0, cfg.vocab_size, (n, cfg.seq_len), generator=torch.Generator().manual_seed(1))
 
 
 def test_tensor_and_sequence_parallel_at_eight_ranks_equal_one_device(world: None) -> None:
     """The model's TP plan over 8 ranks: every matmul split 8 ways, the residual stream
-    split along the sequence between them, logits and every gradient as on one device."""
+    split along the sequence between them, logits and every gradient as on one device.
+
+    DTensor redistributes between any two layouts, so a plan that swaps column- and
+    row-parallel still computes the right numbers with other collectives; the count pins
+    the plan's own: per block an all-gather into each first matmul and a reduce-scatter out
+    of each second, two all-gathers around the head, no all-reduce."""
     cfg = _config(tp_degree=WORLD)
     ref, tokens = build_model(cfg), _tokens(cfg, BATCH)
     logits = ref(tokens)
@@ -98,9 +120,12 @@ def test_tensor_and_sequence_parallel_at_eight_ranks_equal_one_device(world: Non
         model = tensor_parallel.parallelize(build_model(cfg), mesh, cfg)
         qkv = model.get_submodule("blocks.0.qkv").weight
         assert qkv.to_local().shape[0] == 3 * cfg.d_model // WORLD, "each rank holds one head"
-        out = model(tokens)
+        with _Collectives() as comm:
+            out = model(tokens)
         loss_fn(out, tokens).backward()
         assert _max_error(out, logits) < TOL
+        assert comm.counts == {"all_gather_into_tensor": 2 * cfg.n_layers + 2,
+                               "reduce_scatter_tensor": 2 * cfg.n_layers}
         for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
             assert p.grad is not None and p_ref.grad is not None
             assert _max_error(p.grad, p_ref.grad) < TOL, name
