@@ -135,7 +135,7 @@ def test_each_tensor_parallel_group_of_the_mesh_reads_one_data_shard(world: None
     """8 ranks as 2 data shards x 4 tensor-parallel ranks, laid out by `ParallelDims` and
     split by the registry's tensor-parallel wrap: every rank's logits equal one device's on
     the data shard its `dp_rank` names, which holds only if each tp group shares its samples."""
-    cfg = _config(tp_degree=4, strategy="fsdp")
+    cfg = _config(tp_degree=4, strategy="fsdp", n_layers=1)  # the layout, not the plan: one block
     dims = parallel.dims_of(cfg)
     assert (dims.dp_size, dims.tp) == (2, 4)
     ref, tokens = build_model(cfg), _tokens(cfg, dims.dp_size * BATCH)
@@ -170,7 +170,8 @@ def test_all_reduce_equals_one_device_and_a_reduce_scatter_plus_all_gather(
 def _fsdp2(model: nn.Module, cfg: TrainConfig) -> None:
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp_shard",))
     parallel.fsdp(model, mesh, cfg)
-    model(torch.zeros(1, cfg.seq_len, dtype=torch.long))
+    # It fails where FSDP2 frees the gathered parameters: here, after the root's backward.
+    model(torch.zeros(1, cfg.input_dim)).sum().backward()
 
 
 def _ddp(model: nn.Module, cfg: TrainConfig) -> None:
@@ -184,6 +185,6 @@ def test_data_parallel_wrappers_still_need_real_processes(
         world: None, wrap: Callable[[nn.Module, TrainConfig], None], error: str) -> None:
     """Why FSDP2 and DDP stay on gloo processes: under LocalTensorMode they fail. When a
     torch release lifts this, this test fails and they can join the ones above."""
-    cfg = _config()
+    cfg = TrainConfig(model="mlp", world_size=WORLD)  # the smallest model: only the failure matters
     with LocalTensorMode(WORLD), pytest.raises(RuntimeError, match=error):
         wrap(build_model(cfg), cfg)
