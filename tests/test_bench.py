@@ -48,15 +48,17 @@ OVERHEAD_FLAGS = ["--max-steps", "3", "--hidden-dim", "16", "--micro-batch-size"
 
 
 def test_overhead_bench_reports_trainer_over_bare_loop_for_the_requested_run() -> None:
-    run = launch.python_module(["overhead", "--rounds", "1", *OVERHEAD_FLAGS],
+    run = launch.python_module(["overhead", "--rounds", "2", "--tiny-steps", "5", *OVERHEAD_FLAGS],
                                timeout=60, module="reference_impl.bench")
     result = last_json(run, "overhead")
     cfg = bench_config("overhead", OVERHEAD_FLAGS)
     assert result["config_digest"] == cfg.digest(), "the benchmark ran the configured loop"
     assert (result["model"], result["micro_batch_size"], result["steps"]) == ("mlp", 8, 3)
-    assert result["rounds"] == 1 and result["threads"] == 1
+    assert result["rounds"] == 2 and result["threads"] == 1 and result["tiny_steps"] == 5
     assert_ratio(result["ratio"], result["trainer_ms_per_step"], result["bare_ms_per_step"])
+    assert result["ratio_min"] <= result["ratio_max"], "the spread of the per-round ratios"
     assert result["cpu_ratio"] > 0
+    assert result["fixed_us_min"] <= result["fixed_us_per_step"] <= result["fixed_us_max"]
 
 
 @pytest.mark.slow
