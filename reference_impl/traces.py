@@ -59,7 +59,7 @@ def _size_of_group(group: Any) -> int:
     """Ranks in a process group passed to a c10d op (a boxed `ProcessGroup`) or named by a
     functional collective (its registered name)."""
     if isinstance(group, str):
-        return dist.distributed_c10d._resolve_process_group(group).size()
+        return dist.distributed_c10d._resolve_process_group(group).size()  # type: ignore[arg-type]
     return dist.ProcessGroup.unbox(group).size()
 
 
@@ -206,7 +206,8 @@ def replay(order: dict[int, Iterable[Any]]) -> float:
         return [("F", stage, mb)] + ([("grad", stage + 1, mb)] if stage < last_stage else [])
 
     finished: dict[tuple[str, int, int], int] = {}
-    free, position = defaultdict(int), defaultdict(int)
+    free: dict[int, int] = defaultdict(int)
+    position: dict[int, int] = defaultdict(int)
     progressed = True
     while progressed:  # sweep the ranks until none can start its next action
         progressed = False
@@ -222,7 +223,7 @@ def replay(order: dict[int, Iterable[Any]]) -> float:
                     finished[("grad", stage, mb)] = end
                 position[rank] += 1
                 progressed = True
-    stuck = {rank: "%d%s%d" % (s[1], s[0], s[2]) for rank, s in
+    stuck = {rank: f"{stage}{kind}{mb}" for rank, (kind, stage, mb) in
              ((r, steps[r][position[r]]) for r in steps if position[r] < len(steps[r]))}
     if stuck:
         raise ValueError(f"the order deadlocks; first actions that cannot run, by rank: {stuck}")

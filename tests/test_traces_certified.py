@@ -120,13 +120,13 @@ def test_tensor_parallel_bytes_per_layer_equal_tp_comm() -> None:
     per_layer = calc.tp_comm(seq_len=seq, micro_batch=batch, hidden=hidden, n_layers=1, tp_degree=t,
                              bandwidth_bytes_per_s=BANDWIDTH, activation_bytes=4)["bytes_per_layer"]
     layer = {kind: two.bytes_per_rank(kind) - one.bytes_per_rank(kind) for kind in ("all_gather", "reduce_scatter")}
-    assert (two.count("all_gather") - one.count("all_gather"), two.count("reduce_scatter") - one.count("reduce_scatter")) \
-        == (4, 4)
+    assert [two.count(kind) - one.count(kind) for kind in ("all_gather", "reduce_scatter")] == [4, 4]
     assert two.count("all_reduce") == 0
     assert layer["all_gather"] + layer["reduce_scatter"] == pytest.approx(per_layer, rel=1e-12)
     share = (t - 1) / t * 4
     head = share * seq * batch * hidden
-    assert one.bytes_per_rank("all_gather") - layer["all_gather"] == pytest.approx(2 * head + share * seq * batch * vocab)
+    logits = share * seq * batch * vocab
+    assert one.bytes_per_rank("all_gather") - layer["all_gather"] == pytest.approx(2 * head + logits)
     assert one.bytes_per_rank("reduce_scatter") - layer["reduce_scatter"] == pytest.approx(head)
 
 
