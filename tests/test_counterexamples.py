@@ -7,6 +7,7 @@ different hash seeds, a kernel-enforced file size limit), then the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -74,6 +75,12 @@ def test_hash_seed_salts_str_and_bytes_not_numbers() -> None:
     salted = {name for name in first if first[name] != second[name]}
     assert salted == {"str", "bytes", "tuple with a str", "frozen config"}
     assert first["int"] == 12345
+
+
+def test_the_pasted_fixed_digest_is_the_configs_digest() -> None:
+    """The Pitfalls block's `fixed_digest` is `TrainConfig.digest`, written for a fresh interpreter."""
+    cfg = TrainConfig(lr=0.01, seed=3)
+    assert naive.fixed_digest(dataclasses.asdict(cfg)) == cfg.digest()
 
 
 # 2 ------------------------------------------------------------------------------------
