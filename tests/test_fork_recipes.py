@@ -4,8 +4,10 @@
   has run work forks children that inherit the pool's state but not its threads; the child's
   first parallel matrix multiply waits for threads that do not exist, forever.
 * The per-attempt store prefix: torchrun keeps one TCPStore for the whole job, across restarts.
-  Gloo's rendezvous keys of attempt 0 are still in it, so a restarted rank 0 that is quicker than
-  its peer reads the dead rank's address and fails with `Gloo connectFullMesh failed`.
+  Gloo's rendezvous keys of attempt 0 are still in it, so a restarted rank that is quicker than
+  its peer reads the dead rank's address; when that rank is the one that dials, it fails with
+  `Gloo connectFullMesh failed`. Which rank dials depends on the new addresses, so this breaks
+  about half the restarts; the test restarts until one breaks (at most 6 times).
 
 Each scenario runs in a fresh interpreter with a hard timeout; a hang is detected by a join
 timeout inside it, and counts as the failure.
@@ -65,8 +67,8 @@ def rank_main(rank, port, attempt, prefix):
         os._exit(9)  # a crash: the rank's address stays in the store
     dist.destroy_process_group()
 torch.set_num_threads(1)
-verdict = {}
-for prefix in (False, True):
+
+def restart(prefix):  # a store that outlives its attempts; attempt 0 loses rank 1; returns attempt 1's exits
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -83,7 +85,14 @@ for prefix in (False, True):
         codes = ["hung" if p.is_alive() else p.exitcode for p in ranks]
         for p in ranks:
             p.kill()
-    verdict[str(prefix)] = codes  # the restart's ranks
+    return codes
+
+# Which of the two ranks dials the other depends on their new addresses, so a stale address
+# breaks about half the restarts (5 of 7 torchrun restarts failed): try up to 6 until one breaks.
+without = []
+while len(without) < 6 and all(codes == [0, 0] for codes in without):
+    without.append(restart(False))
+verdict = {"False": without, "True": [restart(True), restart(True)]}
 print(json.dumps(verdict))
 """
 
@@ -92,6 +101,6 @@ print(json.dumps(verdict))
 def test_without_a_per_attempt_store_a_restarted_rank_reads_the_dead_peers_address() -> None:
     run = run_command([sys.executable, "-c", STORE], timeout=120)
     verdict = json.loads(run.stdout.splitlines()[-1])
-    assert verdict["True"] == [0, 0], run.stdout + run.stderr[-2000:]
-    assert verdict["False"][0] != 0, run.stdout + run.stderr[-2000:]  # rank 0 fails, or hangs
-    assert '"error": "Gloo connectFullMesh failed' in run.stdout or verdict["False"][0] == "hung", run.stdout
+    assert verdict["True"] == [[0, 0], [0, 0]], run.stdout + run.stderr[-2000:]
+    assert verdict["False"][-1] != [0, 0], run.stdout + run.stderr[-2000:]  # a rank failed, or hung
+    assert '"error": "Gloo connectFullMesh failed' in run.stdout or "hung" in verdict["False"][-1], run.stdout
