@@ -10,7 +10,7 @@ a forked child inherits the class or function you defined in the kernel.
 # --8<-- [start:common]
 import collections
 import contextlib
-import datetime
+import importlib
 import json
 import multiprocessing
 import os
@@ -20,14 +20,10 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 Results = dict[str, tuple[bool, str]]
 
@@ -71,7 +67,7 @@ def run_ranks(target: Callable[..., Any], nprocs: int, args: tuple = (), attempt
     a few seconds (a gloo peer notices the dead rank quickly) and are then killed, and so is
     every rank still running at the deadline.
     """
-    import torch._dynamo  # noqa: F401  DDP imports it on first use: once here, not in every forked rank
+    importlib.import_module("torch._dynamo")  # DDP imports it on first use: once here, not in every rank
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -128,6 +124,9 @@ def _rank_entry(target: Callable[..., Any], args: tuple, rank: int, nprocs: int,
 
 
 # --8<-- [start:drill_3]
+from collections.abc import Iterator
+
+
 def grade_drill_3(sampler_cls: type, timeout: float = 60.0) -> Results:
     """Drill 3: `sampler_cls(n, global_batch, rank, world_size, seed)` with `set_epoch`,
     `commit` (after each optimizer step), `__iter__` (this rank's indices still to train this
@@ -237,6 +236,14 @@ def _drill_3_killed_run(sampler_cls: type, n: int, batch: int, ckpt: str, log: s
 
 
 # --8<-- [start:drill_4]
+import datetime
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
 def grade_drill_4(step_fn: Callable[..., Any], timeout: float = 60.0) -> Results:
     """Drill 4: `step_fn(model, micro_batches, optimizer, scheduler)` runs one optimizer step
     over the list of `(x, y)` micro-batches (cross-entropy) and returns the loss as a tensor.
