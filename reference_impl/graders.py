@@ -346,6 +346,50 @@ class _RecordingSGD(torch.optim.SGD):
 # --8<-- [end:drill_4]
 
 
+# --8<-- [start:drill_5]
+def grade_drill_5(timer_cls: type) -> Results:
+    """Drill 5: `timer_cls(device)` with a context manager `phase(name)` and `flush()`, which
+    returns `{phase: time}` for the window and starts a new one. Checked on the CPU."""
+    a = torch.randn(384, 384)
+
+    def work() -> float:
+        start = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        return time.perf_counter() - start
+
+    def window(timer: Any) -> dict[str, float]:
+        with timer.phase("data"):
+            pass
+        with timer.phase("forward"):
+            work()
+        with timer.phase("backward"):
+            pass
+        return {name: float(value) for name, value in timer.flush().items()}
+
+    def forward_only() -> None:
+        got = window(timer_cls(torch.device("cpu")))
+        forward = got.get("forward", 0.0)
+        others = max((v for k, v in got.items() if k != "forward"), default=0.0)
+        assert forward > 0 and others < 0.2 * forward, (
+            f"a matrix multiply timed inside phase('forward') reads {got}: it belongs to forward alone")
+
+    def flush_starts_a_new_window() -> None:
+        timer = timer_cls(torch.device("cpu"))
+        first = window(timer)
+        empty = {k: v for k, v in timer.flush().items() if float(v) > 0}
+        assert not empty, f"a flush right after a flush reports {empty}: the window was not reset"
+        second = window(timer)
+        assert second.get("forward", 0.0) < 3 * first.get("forward", 0.0), (
+            f"the second window's forward ({second.get('forward')}) includes the first's ({first.get('forward')})")
+
+    return _grade("drill 5: phase timer", {
+        "a matrix multiply in phase('forward') counts under forward alone": forward_only,
+        "flush() starts a new window": flush_starts_a_new_window,
+    })
+# --8<-- [end:drill_5]
+
+
 # --8<-- [start:drill_7]
 def grade_drill_7(main: Callable[[list[str]], Any], nprocs: int = 2, timeout: float = 120.0) -> Results:
     """Drill 7: `main(argv)` trains with the flags `--max-steps`, `--checkpoint-every`,

@@ -5,6 +5,7 @@ drill's rubric names."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,6 +67,31 @@ def make_step(no_sync: bool = True, divide: bool = True, as_tensor: bool = True)
         return total if as_tensor else total.item()
 
     return step
+
+
+# Drill 5: the model solution is the notebook's timer (Cell 7).
+TIMER = nb.PhaseTimer
+
+
+class NoResetTimer(nb.PhaseTimer):
+    """Wrong: `flush()` reports the totals but never starts a new window."""
+
+    def flush(self) -> dict:
+        return {name: round(s * 1e3, 3) for name, s in self.seconds.items()}
+
+
+class LapTimer(nb.PhaseTimer):
+    """Wrong: each phase is charged the time since the previous mark, taken when it starts, so the
+    work of one phase lands on the next."""
+
+    last: float | None = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        now = time.perf_counter()
+        self.seconds[name] += now - (self.last or now)
+        self.last = now
+        yield
 
 
 # Drill 7: the model solution is the interview core's `main`.

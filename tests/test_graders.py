@@ -81,6 +81,20 @@ def test_drill_4_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None
         assert reason in results[check][1], printed
 
 
+DRILL_5: dict[str, tuple[type, set[str]]] = {
+    "model solution": (answers.TIMER, set()),
+    "flush() keeps the window": (answers.NoResetTimer, {"flush() starts a new window"}),
+    "each phase charged the time since the last mark": (
+        answers.LapTimer, {"a matrix multiply in phase('forward') counts under forward alone"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_5))
+def test_drill_5_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    timer, expected = DRILL_5[answer]
+    assert failing(graders.grade_drill_5(timer)) == expected, capsys.readouterr().out
+
+
 def test_drill_7_grader_passes_the_interview_core(capsys: pytest.CaptureFixture[str]) -> None:
     assert failing(graders.grade_drill_7(answers.MAIN)) == set(), capsys.readouterr().out
 
