@@ -352,17 +352,15 @@ def grade_drill_5(timer_cls: type) -> Results:
     returns `{phase: time}` for the window and starts a new one. Checked on the CPU."""
     a = torch.randn(384, 384)
 
-    def work() -> float:
-        start = time.perf_counter()
+    def work() -> None:
         for _ in range(20):
             a @ a
-        return time.perf_counter() - start
 
     def window(timer: Any) -> dict[str, float]:
         with timer.phase("data"):
             pass
         with timer.phase("forward"):
-            work()
+            work()  # about 50 ms of CPU work
         with timer.phase("backward"):
             pass
         return {name: float(value) for name, value in timer.flush().items()}
@@ -380,8 +378,8 @@ def grade_drill_5(timer_cls: type) -> Results:
         empty = {k: v for k, v in timer.flush().items() if float(v) > 0}
         assert not empty, f"a flush right after a flush reports {empty}: the window was not reset"
         second = window(timer)
-        assert second.get("forward", 0.0) < 3 * first.get("forward", 0.0), (
-            f"the second window's forward ({second.get('forward')}) includes the first's ({first.get('forward')})")
+        assert sum(second.values()) < 3 * sum(first.values()), (
+            f"the second window ({second}) includes the first ({first})")
 
     return _grade("drill 5: phase timer", {
         "a matrix multiply in phase('forward') counts under forward alone": forward_only,
