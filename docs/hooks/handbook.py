@@ -64,12 +64,25 @@ TWO_RANKS = """## Two ranks from this notebook
 notebook's code to `interview_trainer.py` and runs it on two CPU ranks (gloo). The
 second runs the same job without a shell, by forking two processes that inherit the
 functions defined above (a spawned process could not import them: they live in no
-module). Both print the same final `state_digest`: one job, launched two ways. On a GPU
+module). Both print the same final `state_digest`: one job, launched two ways. In between,
+the same job runs again with rank 1 SIGKILLed at step 15, five steps after a checkpoint:
+torchrun restarts both ranks, they restore step 10 and end with the same digest. The
+surviving rank's gloo traceback (`Connection reset by peer`) in that cell's output is expected:
+it is rank 0 seeing its peer die. On a GPU
 runtime, prefer the file: once CUDA is initialised in this kernel, a forked child cannot use it."""
 
 TORCHRUN_CELL = """lines = !{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2 interview_trainer.py --max-steps 20
 from_torchrun = json.loads([line for line in lines if '"run_complete"' in line][-1])
 print(from_torchrun)"""
+
+KILL_CELL = """import tempfile
+kill_dir = tempfile.mkdtemp()  # a fresh directory: the restart must find the checkpoint of THIS job
+lines = !{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 1 interview_trainer.py --max-steps 20 --checkpoint-every 10 --checkpoint-dir {kill_dir} --fail-at-step 15 --fail-rank 1
+events = [json.loads(line) for line in lines if line.startswith('{"event"')]
+restored = [e["step"] for e in events if e["event"] == "checkpoint_restored"]
+assert restored == [10], f"restored {restored}: the kill at step 15 must come after the checkpoint at step 10"
+assert events[-1]["state_digest"] == from_torchrun["state_digest"], "killed and restarted, the job ends where it would have"
+print(events[-1])"""
 
 LAUNCH_CELL = """from_launch = launch(2, ["--max-steps", "20"])
 assert from_launch["state_digest"] == from_torchrun["state_digest"], "one job, two launchers"
@@ -90,7 +103,7 @@ def build_notebook(source: str | None = None) -> dict[str, Any]:
         cells += [_markdown(_heading(m["body"])), _code(m["body"].rstrip("\n"))]
     script = MARKER_LINE.sub("", source).rstrip("\n")
     cells += [_markdown(TWO_RANKS), _code("%%writefile interview_trainer.py\n" + script),
-              _code(TORCHRUN_CELL), _code(LAUNCH_CELL)]
+              _code(TORCHRUN_CELL), _code(KILL_CELL), _code(LAUNCH_CELL)]
     for index, cell in enumerate(cells):
         cell["id"] = f"cell-{index:02d}"
     return {"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": {

@@ -1,0 +1,447 @@
+"""Graders for the timed drills: paste the grader cell after your answer and call it.
+
+Each grader runs the drill's real checks (worker prefetch, a SIGKILL after a checkpoint and a
+restart, collectives counted by a DDP comm hook on a real gloo group of forked ranks), prints
+PASS or FAIL per check with the reason, and returns `{check: (passed, reason)}`. The cell
+needs torch and the standard library only, and works in a notebook because ranks are forked:
+a forked child inherits the class or function you defined in the kernel.
+"""
+
+# --8<-- [start:common]
+import collections
+import contextlib
+import importlib
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Results = dict[str, tuple[bool, str]]
+
+
+def _grade(title: str, checks: dict[str, Callable[[], None]]) -> Results:
+    """Run each check (an AssertionError's message is the reason) and print one line per check."""
+    print(title)
+    results: Results = {}
+    for name, check in checks.items():
+        try:
+            check()
+            results[name] = (True, "")
+        except Exception as e:  # a crash in the answer is a failed check, with its message
+            reason = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
+            results[name] = (False, reason.strip().splitlines()[-1] if reason.strip() else "failed")
+        ok, reason = results[name]
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}" + ("" if ok else f": {reason}"), flush=True)
+    print(f"{sum(ok for ok, _ in results.values())} of {len(results)} checks pass", flush=True)
+    return results
+
+
+class RankRun(collections.namedtuple("RankRun", "exitcode stdout stderr value")):
+    """One forked rank: exit status (-9: SIGKILL, None: still running at the deadline), output, result."""
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """The JSON lines with this `event` the rank printed."""
+        found = []
+        for line in self.stdout.splitlines():
+            with contextlib.suppress(ValueError):
+                if line.startswith("{") and (event := json.loads(line)).get("event") == name:
+                    found.append(event)
+        return found
+
+
+def run_ranks(target: Callable[..., Any], nprocs: int, args: tuple = (), attempt: int = 0,
+              timeout: float = 60.0) -> list[RankRun]:
+    """Fork `nprocs` ranks running `target(*args)` in torchrun's environment and wait for them.
+
+    Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, a fresh MASTER_PORT and
+    TORCHELASTIC_RESTART_COUNT=`attempt`. As torchrun does, once one rank fails the others get
+    a few seconds (a gloo peer notices the dead rank quickly) and are then killed, and so is
+    every rank still running at the deadline.
+    """
+    importlib.import_module("torch._dynamo")  # DDP imports it on first use: once here, not in every rank
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mkdtemp(prefix="grader-")
+    ctx = multiprocessing.get_context("fork")  # spawn cannot import what a notebook defines
+    procs = [ctx.Process(target=_rank_entry, args=(target, args, r, nprocs, port, attempt, out))
+             for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    deadline, grace = time.monotonic() + timeout, None
+    while any(p.is_alive() for p in procs) and time.monotonic() < (grace or deadline):
+        if grace is None and any(p.exitcode not in (None, 0) for p in procs):
+            grace = min(deadline, time.monotonic() + 3)
+        time.sleep(0.02)
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid or 0, signal.SIGKILL)  # the rank's session: its DataLoader workers too
+            p.join()
+    runs = []
+    for r, p in enumerate(procs):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid or 0, signal.SIGKILL)  # orphaned workers of a rank that was SIGKILLed
+        text = [open(f"{out}/{r}.{k}").read() if os.path.exists(f"{out}/{r}.{k}") else ""
+                for k in ("out", "err", "json")]
+        runs.append(RankRun(p.exitcode, text[0], text[1],
+                            json.loads(text[2]) if text[2] else None))
+    return runs
+
+
+def _rank_entry(target: Callable[..., Any], args: tuple, rank: int, nprocs: int, port: int,
+                attempt: int, out: str) -> None:
+    os.setsid()  # a session per rank, so a kill reaches the DataLoader workers it forks
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), TORCHELASTIC_RESTART_COUNT=str(attempt))
+    torch.set_num_threads(1)  # a forked child that reuses the parent's OpenMP pool can hang
+    for fd, kind in ((1, "out"), (2, "err")):  # the rank's prints, not the notebook's
+        os.dup2(os.open(f"{out}/{rank}.{kind}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    code = 0
+    try:
+        value = target(*args)
+        with open(f"{out}/{rank}.json", "w") as f:
+            json.dump(value, f, default=str)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)  # no atexit handlers of the kernel this rank was forked from
+# --8<-- [end:common]
+
+
+# --8<-- [start:drill_3]
+from collections.abc import Iterator
+
+
+def grade_drill_3(sampler_cls: type, timeout: float = 60.0) -> Results:
+    """Drill 3: `sampler_cls(n, global_batch, rank, world_size, seed)` with `set_epoch`,
+    `commit` (after each optimizer step), `__iter__` (this rank's indices still to train this
+    epoch), `state_dict` and `load_state_dict`."""
+    n, batch = 100, 12  # 8 steps of 12 per epoch, the last 4 samples dropped; 12 splits over 2 and 3 ranks
+
+    def epoch(world: int, which: int) -> list[list[int]]:
+        samplers = [sampler_cls(n, batch, r, world, 0) for r in range(world)]
+        for s in samplers:
+            s.set_epoch(which)
+        return [[int(i) for i in s] for s in samplers]
+
+    def disjoint_and_complete() -> None:
+        for world in (2, 3):
+            flat = [i for rank in epoch(world, 0) for i in rank]
+            twice = len(flat) - len(set(flat))
+            assert not twice and len(flat) == 96, (
+                f"{world} ranks: {len(flat)} indices, {twice} repeated; want 96 distinct (8 steps x 12)")
+
+    def reshuffles_alike_on_every_rank() -> None:
+        first, second = epoch(2, 0), epoch(2, 1)
+        assert first != second, "set_epoch(1) gives the same order as epoch 0"
+        assert second == epoch(2, 1), "the same epoch gives another order in another process"
+        flat = [i for rank in second for i in rank]
+        assert len(set(flat)) == 96, "epoch 1 repeats samples across ranks: each rank shuffled on its own"
+
+    def state_dict_is_a_copy() -> None:
+        s = sampler_cls(n, batch, 0, 2, 0)
+        snapshot = s.state_dict()
+        before = json.dumps(snapshot, sort_keys=True, default=str)
+        s.commit()
+        after = json.dumps(snapshot, sort_keys=True, default=str)
+        assert after == before, "state_dict() is a live view: commit() changed it"
+        assert json.dumps(s.state_dict(), sort_keys=True, default=str) != before, "commit() changes no state"
+
+    def a_new_epoch_starts_at_its_beginning() -> None:
+        s = sampler_cls(n, batch, 0, 2, 0)
+        for _ in range(3):
+            s.commit()
+        s.set_epoch(1)
+        got = len(list(s))
+        assert got == 48, f"after 3 steps of epoch 0, epoch 1 yields {got} indices on rank 0, want 48"
+
+    def exactly_once_over_a_kill_and_restart() -> None:
+        ckpt = os.path.join(tempfile.mkdtemp(prefix="drill3-"), "sampler.pt")
+        log = ckpt + ".log"
+        run = run_ranks(_drill_3_killed_run, 1, (sampler_cls, n, batch, ckpt, log), timeout=timeout)[0]
+        assert run.exitcode == -signal.SIGKILL, f"not killed (exit status {run.exitcode}): {run.stderr[-300:]}"
+        assert os.path.exists(ckpt), "the kill came before the first checkpoint: the restart would not restore"
+        trained = [json.loads(line) for line in open(log)]
+        states = torch.load(ckpt, weights_only=True)
+        assert len(trained) > states["step"], "no step ran between the checkpoint and the kill"
+        seen = [i for step in trained[:states["step"]] for i in step]  # what the checkpoint holds
+        samplers = [sampler_cls(n, batch, r, 2, 0) for r in range(2)]
+        for s, state in zip(samplers, states["samplers"], strict=True):
+            s.load_state_dict(state)
+            s.set_epoch(0)  # a resume loop sets the epoch of the step it resumes at
+        for step in _train_epoch(samplers, batch):
+            seen += step
+        counts = collections.Counter(seen)
+        twice, missed = sum(c > 1 for c in counts.values()), 96 - len(counts)
+        assert not twice and not missed, (
+            f"after a SIGKILL at step 5 and a restore of step 3 (DataLoader, 2 workers): {twice} samples "
+            f"trained twice, {missed} never")
+
+    return _grade("drill 3: resumable sampler", {
+        "disjoint and complete on 2 and 3 ranks": disjoint_and_complete,
+        "set_epoch reshuffles, alike on every rank": reshuffles_alike_on_every_rank,
+        "state_dict returns a copy": state_dict_is_a_copy,
+        "a new epoch starts at its beginning": a_new_epoch_starts_at_its_beginning,
+        "exactly once over a SIGKILL and restore, with worker prefetch": exactly_once_over_a_kill_and_restart,
+    })
+
+
+def _train_epoch(samplers: list, batch: int) -> Iterator[list[int]]:
+    """Yield the indices each optimizer step trains, all ranks together; commit after each step."""
+    loaders: list[torch.utils.data.DataLoader] = [
+        torch.utils.data.DataLoader(_Indices(), batch_size=batch // len(samplers), sampler=s, num_workers=2,
+                                    prefetch_factor=2) for s in samplers]  # workers prefetch ahead of training
+    for micro in zip(*loaders, strict=False):
+        for s in samplers:
+            s.commit()  # after the optimizer step
+        yield [int(i) for b in micro for i in b]
+
+
+class _Indices(torch.utils.data.Dataset[int]):
+    """Sample i is i: what a step trains is the list of its indices."""
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _drill_3_killed_run(sampler_cls: type, n: int, batch: int, ckpt: str, log: str) -> None:
+    samplers = [sampler_cls(n, batch, r, 2, 0) for r in range(2)]
+    for s in samplers:
+        s.set_epoch(0)
+    with open(log, "w") as f:
+        for step, trained in enumerate(_train_epoch(samplers, batch), start=1):
+            f.write(json.dumps(trained) + "\n")
+            f.flush()
+            if step == 3:  # checkpoint, published by an atomic rename
+                torch.save({"step": step, "samplers": [s.state_dict() for s in samplers]}, ckpt + ".tmp")
+                os.replace(ckpt + ".tmp", ckpt)
+            if step == 5:
+                os.kill(os.getpid(), signal.SIGKILL)  # a crash, two steps after the checkpoint
+# --8<-- [end:drill_3]
+
+
+# --8<-- [start:drill_4]
+import datetime
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def grade_drill_4(step_fn: Callable[..., Any], timeout: float = 60.0) -> Results:
+    """Drill 4: `step_fn(model, micro_batches, optimizer, scheduler)` runs one optimizer step
+    over the list of `(x, y)` micro-batches (cross-entropy) and returns the loss as a tensor.
+    The grader runs it on two forked ranks with a real gloo group and a DDP model whose
+    comm hook counts the all-reduces."""
+    runs = run_ranks(_drill_4_rank, 2, (step_fn,), timeout=timeout)
+    failed = next((r for r in runs if r.exitcode != 0), None)
+    got = runs[0].value or {}
+
+    def ran() -> None:
+        assert failed is None, f"a rank failed (exit status {failed.exitcode}): {failed.stderr.strip()[-400:]}"
+
+    def one_optimizer_step() -> None:
+        ran()
+        assert got["steps"] == [1, 1], f"optimizer.step() ran {got['steps']} times for G=1 and G=4, want once each"
+
+    def accumulated_gradient_equals_one_big_batch() -> None:
+        ran()
+        assert got["grad_rel_diff"] < 3e-2, (
+            f"4 micro-batches of 8 give a gradient {got['grad_ratio']:.2f}x one batch of 32 "
+            f"(relative difference {got['grad_rel_diff']:.3f})")
+
+    def one_all_reduce_per_step() -> None:
+        ran()
+        once, accum = got["allreduce"]
+        assert accum == once, f"{accum} all-reduces for a step of 4 micro-batches, {once} for one: want {once}"
+
+    def ranks_agree() -> None:
+        ran()
+        assert got["ranks_differ"] == 0.0, f"the ranks' gradients differ by {got['ranks_differ']:.2e} after the step"
+
+    def returns_the_loss_as_a_tensor() -> None:
+        ran()
+        assert got["loss_type"] == "Tensor", f"returns a {got['loss_type']}: reading it forced a device sync"
+        one, four = got["losses"]
+        assert got["loss_rel_diff"] < 3e-2, f"the loss {four:.4f} is not the batch mean {one:.4f}"
+
+    return _grade("drill 4: train step with accumulation", {
+        "the step runs on two ranks": ran,
+        "one optimizer step per call": one_optimizer_step,
+        "4 micro-batches of m give the gradient of one batch of 4m": accumulated_gradient_equals_one_big_batch,
+        "one all-reduce per step (DDP comm hook)": one_all_reduce_per_step,
+        "gradients equal on every rank": ranks_agree,
+        "returns the mean loss as a tensor": returns_the_loss_as_a_tensor,
+    })
+
+
+def _drill_4_rank(step_fn: Callable[..., Any]) -> dict[str, Any]:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    try:
+        gen = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own shard
+        x, y = 0.1 * torch.randn(32, 16, generator=gen), torch.randint(0, 4, (32,), generator=gen)
+        one = _drill_4_step(step_fn, [(x, y)])
+        four = _drill_4_step(step_fn, list(zip(x.split(8), y.split(8), strict=True)))
+        out: dict[str, Any] = {key: [one[key], four[key]] for key in ("steps", "allreduce", "losses")}
+        out["loss_type"] = four["loss_type"]
+        out["loss_rel_diff"] = abs(four["losses"] - one["losses"]) / one["losses"]
+        out["grad_rel_diff"] = float((four["grads"] - one["grads"]).norm() / one["grads"].norm())
+        out["grad_ratio"] = float(four["grads"].norm() / one["grads"].norm())
+        gathered = [torch.empty_like(four["grads"]) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, four["grads"])
+        out["ranks_differ"] = float((gathered[0] - gathered[1]).abs().max())
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def _drill_4_step(step_fn: Callable[..., Any], micro_batches: list) -> dict[str, Any]:
+    """One call of the answer on a fresh DDP model; the model is freed here, while the group lives
+    (a DDP reducer destroyed after its group can hang the process at exit)."""
+    torch.manual_seed(0)  # the same weights for every call and on every rank
+    model = DDP(nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)))
+    calls = [0]
+    model.register_comm_hook(calls, _counting_allreduce)
+    optimizer = _RecordingSGD(model.parameters(), lr=0.1)
+    loss = step_fn(model, micro_batches, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    value = float(loss) if isinstance(loss, (torch.Tensor, float)) else float("nan")
+    return {"steps": optimizer.steps, "allreduce": calls[0], "losses": value,
+            "loss_type": type(loss).__name__, "grads": optimizer.grads}
+
+
+def _counting_allreduce(calls: list[int], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's own all-reduce of a gradient bucket, counted."""
+    calls[0] += 1
+    return default_hooks.allreduce_hook(dist.distributed_c10d._get_default_group(), bucket)
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the gradient it stepped with (the first step's) and counts its steps."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.steps, self.grads = 0, torch.zeros(0)
+
+    def step(self, closure: Any = None) -> Any:
+        if self.steps == 0:
+            self.grads = torch.cat([p.grad.reshape(-1) for g in self.param_groups for p in g["params"]]).clone()
+        self.steps += 1
+        return super().step(closure)
+# --8<-- [end:drill_4]
+
+
+# --8<-- [start:drill_5]
+def grade_drill_5(timer_cls: type) -> Results:
+    """Drill 5: `timer_cls(device)` with a context manager `phase(name)` and `flush()`, which
+    returns `{phase: time}` for the window and starts a new one. Checked on the CPU."""
+    a = torch.randn(384, 384)
+
+    def work() -> None:
+        for _ in range(20):
+            a @ a
+
+    def window(timer: Any) -> dict[str, float]:
+        with timer.phase("data"):
+            pass
+        with timer.phase("forward"):
+            work()  # about 50 ms of CPU work
+        with timer.phase("backward"):
+            pass
+        return {name: float(value) for name, value in timer.flush().items()}
+
+    def forward_only() -> None:
+        got = window(timer_cls(torch.device("cpu")))
+        forward = got.get("forward", 0.0)
+        others = max((v for k, v in got.items() if k != "forward"), default=0.0)
+        assert forward > 0 and others < 0.2 * forward, (
+            f"a matrix multiply timed inside phase('forward') reads {got}: it belongs to forward alone")
+
+    def flush_starts_a_new_window() -> None:
+        timer = timer_cls(torch.device("cpu"))
+        first = window(timer)
+        empty = {k: v for k, v in timer.flush().items() if float(v) > 0}
+        assert not empty, f"a flush right after a flush reports {empty}: the window was not reset"
+        second = window(timer)
+        assert sum(second.values()) < 3 * sum(first.values()), (
+            f"the second window ({second}) includes the first ({first})")
+
+    return _grade("drill 5: phase timer", {
+        "a matrix multiply in phase('forward') counts under forward alone": forward_only,
+        "flush() starts a new window": flush_starts_a_new_window,
+    })
+# --8<-- [end:drill_5]
+
+
+# --8<-- [start:drill_7]
+def grade_drill_7(main: Callable[[list[str]], Any], nprocs: int = 2, timeout: float = 120.0) -> Results:
+    """Drill 7: `main(argv)` trains with the flags `--max-steps`, `--checkpoint-every`,
+    `--checkpoint-dir`, `--fail-at-step` and `--fail-rank` (SIGKILL itself before that step, on
+    the first attempt only: TORCHELASTIC_RESTART_COUNT == "0"), prints
+    `{"event": "checkpoint_restored", "step": N}` when it restores, and returns the final
+    state digest on rank 0 (or a dict with `state_digest`). Runs on `nprocs` forked ranks as torchrun would."""
+    root = tempfile.mkdtemp(prefix="drill7-")
+    flags = ["--max-steps", "30", "--checkpoint-every", "10"]
+    state: dict[str, Any] = {}
+
+    def digest_of(runs: list[RankRun], what: str) -> str:
+        bad = next((r for r in runs if r.exitcode != 0), None)
+        assert bad is None, f"{what}: a rank exited with status {bad.exitcode}: {bad.stderr.strip()[-300:]}"
+        value = runs[0].value  # rank 0's digest: the one a launcher prints
+        return value["state_digest"] if isinstance(value, dict) else value
+
+    def uninterrupted() -> None:
+        runs = run_ranks(main, nprocs, ([*flags, "--checkpoint-dir", f"{root}/clean"],), timeout=timeout)
+        state["clean"] = digest_of(runs, "the uninterrupted run")
+
+    killed_dir = f"{root}/killed"
+    killed = [*flags, "--checkpoint-dir", killed_dir, "--fail-at-step", "15", "--fail-rank", str(nprocs - 1)]
+
+    def killed_after_a_checkpoint() -> None:
+        runs = run_ranks(main, nprocs, (killed,), attempt=0, timeout=timeout)
+        status = runs[-1].exitcode
+        assert status == -signal.SIGKILL, f"--fail-at-step 15: rank {nprocs - 1} not SIGKILLed (exit status {status})"
+        saved = [f for _, _, files in os.walk(killed_dir) for f in files]
+        assert saved, ("no checkpoint existed when the rank died at step 15 (--checkpoint-every 10): "
+                       "a restart would train from step 0, and that proves nothing about restore")
+
+    def restart_restores() -> None:
+        runs = run_ranks(main, nprocs, (killed,), attempt=1, timeout=timeout)
+        state["resumed"] = digest_of(runs, "the restart")
+        steps = [e.get("step") for r in runs for e in r.events("checkpoint_restored")]
+        assert steps and 0 < (steps[0] or 0) < 15, (
+            f"the restart printed checkpoint_restored steps {steps}: want one step in 1..14, from the checkpoint "
+            "before the kill; none means it started over")
+
+    def resumed_digest_equals_uninterrupted() -> None:
+        assert "clean" in state and "resumed" in state, "an earlier check failed"
+        assert state["resumed"] == state["clean"], "the resumed run ends with another digest than the uninterrupted one"
+
+    def restore_at_the_end_trains_nothing() -> None:
+        runs = run_ranks(main, nprocs, (killed,), attempt=2, timeout=timeout)
+        again = digest_of(runs, "a run restarted after the end")
+        assert again == state.get("resumed"), "restarting a finished run changed its final state"
+
+    return _grade("drill 7: resume loop and a kill test", {
+        "the uninterrupted run finishes": uninterrupted,
+        "a rank is SIGKILLed at step 15, after a checkpoint": killed_after_a_checkpoint,
+        "the restart restores that checkpoint": restart_restores,
+        "the resumed run ends with the uninterrupted digest": resumed_digest_equals_uninterrupted,
+        "a restart at max_steps trains nothing more": restore_at_the_end_trains_nothing,
+    })
+# --8<-- [end:drill_7]

@@ -1,0 +1,111 @@
+"""Answers to the timed drills for the graders' tests: the model solutions (the package's own cells,
+or the smallest correct code where no cell has the drill's signature) and the wrong answers each
+drill's rubric names."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference_impl import interview_core as core
+from reference_impl import notebook as nb
+
+# Drill 3: the model solution is the notebook's sampler (Cell 4).
+SAMPLER = nb.ResumableSampler
+
+
+class SetEpochResetsSampler(nb.ResumableSampler):
+    """Wrong: `set_epoch` always resets progress, also to the epoch just restored."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.consumed = epoch, 0
+
+
+class CountsInIterSampler(nb.ResumableSampler):
+    """Wrong: progress counted as indices are handed out, so worker prefetch runs it ahead."""
+
+    def commit(self) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[int]:
+        start = self.consumed
+        for k, index in enumerate(super().__iter__(), start=1):
+            self.consumed = start + k * self.world  # every rank hands out its share of a global block
+            yield index
+
+
+class CarriesOffsetSampler(nb.ResumableSampler):
+    """Wrong: the offset of the last epoch carried into the next one."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+def make_step(no_sync: bool = True, divide: bool = True, as_tensor: bool = True) -> Callable[..., Any]:
+    """Drill 4: the model solution, or with one of its parts left out."""
+
+    def step(model: nn.Module, micro_batches: list, optimizer: torch.optim.Optimizer,
+             scheduler: torch.optim.lr_scheduler.LRScheduler) -> torch.Tensor | float:
+        total = torch.zeros(())
+        for i, (x, y) in enumerate(micro_batches):
+            last = i == len(micro_batches) - 1
+            with contextlib.nullcontext() if last or not no_sync else model.no_sync():  # sync the last only
+                with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                    loss = nn.functional.cross_entropy(model(x).float(), y)
+                loss = loss / len(micro_batches) if divide else loss
+                loss.backward()
+            total += loss.detach()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return total if as_tensor else total.item()
+
+    return step
+
+
+# Drill 5: the model solution is the notebook's timer (Cell 7).
+TIMER = nb.PhaseTimer
+
+
+class NoResetTimer(nb.PhaseTimer):
+    """Wrong: `flush()` reports the totals but never starts a new window."""
+
+    def flush(self) -> dict:
+        return {name: round(s * 1e3, 3) for name, s in self.seconds.items()}
+
+
+class LapTimer(nb.PhaseTimer):
+    """Wrong: each phase is charged the time since the previous mark, taken when it starts, so the
+    work of one phase lands on the next."""
+
+    last: float | None = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        now = time.perf_counter()
+        self.seconds[name] += now - (self.last or now)
+        self.last = now
+        yield
+
+
+# Drill 7: the model solution is the interview core's `main`.
+MAIN = core.main
+
+
+def main_checkpointing_only_at_the_end(argv: list[str]) -> str:
+    """Wrong: no checkpoint before the kill, so the restart trains from step 0 and the digests
+    agree anyway; this is the kill test that proves nothing."""
+    return core.main([*argv, "--checkpoint-every", "0"])
+
+
+class CoreSetEpochResetsSampler(core.ResumableSampler):
+    """Wrong (for the core's loop): `set_epoch` resets the position restored from the checkpoint."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.consumed = epoch, 0
