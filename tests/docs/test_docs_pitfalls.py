@@ -16,20 +16,17 @@ the assertion allows 60 s so that a loaded machine does not fail it.
 from __future__ import annotations
 
 import re
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 import handbook_docs_support as support
-from test_docs_standalone import ForkServer, Outcome
+from test_docs_standalone import Outcome, run_forked
 
 pytestmark = pytest.mark.docs
 
 PAGE = support.DOCS / "practice" / "pitfalls.md"
 LIMIT_S = 60.0  # generous: the page's promise is 20 s, the measured times are printed
-PARALLEL = 2  # the test machines have two cores
 
 # Per pitfall, the printed line and what its groups must satisfy: the naive and the fixed
 # result differ the way the page's "What goes wrong" says.
@@ -81,26 +78,9 @@ def pitfall_blocks() -> dict[int, str]:
 def paste_and_run(blocks: dict[int, str]) -> dict[int, Outcome]:
     """Run each block as the site's standalone test does: in a fork of an interpreter that
     has imported torch and numpy and nothing else, with `import reference_impl` failing."""
-    queue = sorted(blocks)
-    results: dict[int, Outcome] = {}
-    lock = threading.Lock()
-
-    def lane() -> None:
-        server = ForkServer()
-        try:
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    number = queue.pop(0)
-                results[number] = server.run(blocks[number], f"pitfall {number}", 2 * LIMIT_S)
-        finally:
-            server.close()
-
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        for future in [pool.submit(lane) for _ in range(PARALLEL)]:
-            future.result()
-    return results
+    numbers = sorted(blocks)
+    outcomes = run_forked([(blocks[n], f"pitfall {n}") for n in numbers], 2 * LIMIT_S)
+    return dict(zip(numbers, outcomes, strict=True))
 
 
 @pytest.mark.slow

@@ -265,7 +265,13 @@ def run_all(blocks: list[SiteBlock]) -> list[Outcome]:
     if os.environ.get("HANDBOOK_BLOCKS_FRESH") == "1":
         with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
             return list(pool.map(lambda b: run_fresh(b.code, b.id, BLOCK_TIMEOUT), blocks))
-    queue = list(enumerate(blocks))
+    return run_forked([(b.code, b.id) for b in blocks], BLOCK_TIMEOUT)
+
+
+def run_forked(jobs: list[tuple[str, str]], timeout: float) -> list[Outcome]:
+    """Run each (code, label) in a fork of a warm `ForkServer`, PARALLEL servers taking
+    jobs from one queue; outcomes in the order of `jobs`."""
+    queue = list(enumerate(jobs))
     results: dict[int, Outcome] = {}
     lock = threading.Lock()
 
@@ -276,15 +282,15 @@ def run_all(blocks: list[SiteBlock]) -> list[Outcome]:
                 with lock:
                     if not queue:
                         return
-                    index, block = queue.pop(0)
-                results[index] = server.run(block.code, block.id, BLOCK_TIMEOUT)
+                    index, (code, label) = queue.pop(0)
+                results[index] = server.run(code, label, timeout)
         finally:
             server.close()
 
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         for future in [pool.submit(lane) for _ in range(PARALLEL)]:
             future.result()
-    return [results[i] for i in range(len(blocks))]
+    return [results[i] for i in range(len(jobs))]
 
 
 def imports_the_package(code: str) -> bool:
