@@ -437,11 +437,11 @@ BAD_INPUTS = [
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "cp_degree": 3, **SHAPE},
      "Sequence length (2048) must be a multiple of the context-parallel degree (3)"),
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "vocab_size": -1, **SHAPE},
-     "Vocabulary size must be a whole number >= 0"),
+     "vocab_size must be a whole number >= 0"),
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "ffn_hidden": 0, **SHAPE},
-     "FFN hidden size must be a whole number >= 1"),
+     "ffn_hidden must be a whole number >= 1"),
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "transients": "yes", **SHAPE},
-     "Count transients must be true or false"),
+     "transients must be true or false"),
     ("ring_allreduce", {"size_bytes": 1e9, "world_size": 1, "bandwidth_bytes_per_s": 1e9},
      "world_size must be a whole number >= 2"),
     ("ring_allreduce", {"size_bytes": 1e9, "world_size": 4, "bandwidth_bytes_per_s": float("inf")},
@@ -460,7 +460,7 @@ BAD_INPUTS = [
     ("mfu", {"flops_per_sample": 1e12, "samples_per_step": 8, "step_time_s": 0, "n_gpus": 1,
              "peak_flops_per_gpu": 1e15}, "step_time_s must be positive"),
     ("step_time", {"flops_per_sample": 1e12, "samples_per_step": 8, "n_gpus": 1, "peak_flops_per_gpu": 1e15,
-                   "mfu": 1.5}, "mfu is a fraction and must not exceed 1"),
+                   "mfu": 1.5}, "mfu must be at most 1"),
 ]
 
 

@@ -44,12 +44,15 @@ def _memory(rng: random.Random) -> dict:
     # Heads as a product of key/value heads, so grouped-query attention and TP degrees divide.
     kv_heads, group, tp = rng.choice([1, 2, 8]), rng.choice([1, 4, 8]), rng.choice([1, 1, 2, 8])
     heads, pp = kv_heads * group * tp, rng.choice([1, 1, 2, 4])
+    recompute = rng.choice(["none", "selective", "full"])
     return _maybe(rng, {
         "params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(1, 4096),
         "strategy": rng.choice(calc.STRATEGIES), "seq_len": 2 ** rng.randint(2, 17),
         "micro_batch": rng.randint(1, 64), "hidden": heads * rng.randint(1, 256), "n_heads": heads,
         "n_layers": pp * rng.randint(1, 40)},
-        activation_checkpointing=rng.random() < 0.5, stores_attention_scores=rng.random() < 0.5,
+        activation_checkpointing=recompute == "full", selective_recompute=recompute == "selective",
+        stores_attention_scores=rng.random() < 0.5, offload_optimizer=rng.random() < 0.5,
+        grad_accum_steps=rng.choice([1, 2, 8]), fsdp_grad_sync=rng.choice(["last", "every"]),
         param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([0, 2, 4]),
         master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]),
         ffn_hidden=rng.randint(1, 65_536), gated_mlp=rng.random() < 0.5, n_kv_heads=kv_heads * tp,
