@@ -586,7 +586,7 @@ def step_time(*, flops_per_sample: float, samples_per_step: float, n_gpus: int,
     work = _positive("flops_per_sample", flops_per_sample) * _positive("samples_per_step", samples_per_step)
     gpus, peak = _count("n_gpus", n_gpus), _positive("peak_flops_per_gpu", peak_flops_per_gpu)
     if _positive("mfu", mfu) > 1:
-        raise ValueError(f"mfu must be at most 1 (a fraction), got {mfu!r}")
+        raise ValueError(f"mfu must be at most 1, got {mfu!r}")
     time_s = work / (gpus * peak * mfu)
     return {"step_time_s": time_s, "samples_per_s": samples_per_step / time_s,
             "achieved_flops_per_gpu": peak * mfu}

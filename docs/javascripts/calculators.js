@@ -331,7 +331,7 @@
       ["flops_per_sample", "samples_per_step", "n_gpus", "peak_flops_per_gpu", "mfu"], {});
     var work = positive("flops_per_sample", x.flops_per_sample) * positive("samples_per_step", x.samples_per_step);
     var gpus = count("n_gpus", x.n_gpus), peak = positive("peak_flops_per_gpu", x.peak_flops_per_gpu);
-    if (positive("mfu", x.mfu) > 1) throw new Error("mfu must be at most 1 (a fraction), got " + repr(x.mfu));
+    if (positive("mfu", x.mfu) > 1) throw new Error("mfu must be at most 1, got " + repr(x.mfu));
     var time = work / (gpus * peak * x.mfu);
     return {step_time_s: time, samples_per_s: x.samples_per_step / time, achieved_flops_per_gpu: peak * x.mfu};
   }
