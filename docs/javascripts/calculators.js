@@ -618,6 +618,8 @@
     ".handbook-calc__summary{position:sticky;bottom:0;z-index:1;background:var(--md-code-bg-color);",
     "border-top:1px solid var(--md-default-fg-color--lightest);padding:.3rem 0;font-size:.7rem}",
     ".handbook-calc__summary p{margin:0}",
+    // A field scrolled into view (by focus, say) stops above the summary, not under it.
+    ".handbook-calc form input,.handbook-calc form select{scroll-margin-bottom:6rem}",
     ".handbook-calc table.handbook-calc__result{margin:.4rem 0 0;font-size:.7rem}",
     ".handbook-calc td{padding:.1rem 1.2rem .1rem 0}",
     ".handbook-calc output{font-weight:700;font-variant-numeric:tabular-nums}",
@@ -775,9 +777,8 @@
           found.outputs.forEach(function (key) { flagged[key] = true; });
         });
         spec.outputs.forEach(function (out) {
-          show(out[0], flagged[out[0]] ? "implausible (see below)" : FORMAT[out[2]](result[out[0]]));
+          show(out[0], flagged[out[0]] ? "implausible" : FORMAT[out[2]](result[out[0]]));
         });
-        if (spec.headline && flagged[spec.headline]) show(spec.headline, "implausible");
         warning.textContent = warnings.join(" ");
         warning.hidden = !warnings.length;
         table.hidden = false;
