@@ -6,10 +6,13 @@
  * same keys as the Python dict; tests/browser/test_calculators.py compares the two on
  * hundreds of random inputs. A bad input THROWS an Error whose message is the Python
  * ValueError's (a missing or unknown key throws too, as Python's TypeError would); the
- * forms catch it and show the message instead of a result.
+ * forms catch it and show it instead of a result, in their own words: the field's label
+ * and shown unit in place of the input's name.
  *
  * Each <div class="handbook-calc" data-calc="NAME"> on a page gets a form for NAME that
- * recomputes on every keystroke. Plain JavaScript, no dependencies: the site works offline.
+ * recomputes on every keystroke, keeps its headline result in view beside the fields, and
+ * flags a result no machine can reach instead of printing it. Plain JavaScript, no
+ * dependencies: the site works offline.
  */
 (function () {
   "use strict";
