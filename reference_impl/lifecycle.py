@@ -116,24 +116,38 @@ def _sigterm_from_rank_only(rank: int) -> None:
 
 
 # --8<-- [start:preemption]
-class Preemption:
-    """Turns SIGTERM into a stop at the next step boundary, agreed by every rank.
+AGREE_AT_LEAST_EVERY = 10  # steps: bounds the work done after a signal on fast steps
 
-    The handler only sets a flag. At each step boundary the ranks all-reduce it (MAX),
-    so a signal that reached one rank, or reached the ranks at different steps, still
+
+class Preemption:
+    """Turns SIGTERM into a stop at a step boundary, agreed by every rank.
+
+    The handler only sets a flag. With several ranks the flag is agreed without blocking
+    a step: at an agreement boundary each rank starts an asynchronous all-reduce (MAX) of
+    its flag and of its seconds per step, and reads the result at the next boundary, one
+    step later, when it has long arrived. Every rank reads the same result at the same
+    step, so a signal that reached one rank, or reached the ranks at different steps,
     stops all of them after the same step: the caller saves that step and exits with
-    `PREEMPTED_EXIT`. The flag travels on a gloo group (the default one when it is
-    gloo), so the check never synchronizes a GPU. If the stop has not finished within
-    `grace_s` of the signal, the process exits with status 1 instead.
+    `PREEMPTED_EXIT`. The agreed (slowest) step time sets the next agreement about
+    `grace_s / 20` seconds later, and at most `AGREE_AT_LEAST_EVERY` steps later, so most
+    steps pay for no collective at all and the stop still comes within a small part of
+    the grace period and a few steps of the signal. The flag travels on a gloo
+    group (the default one when it is gloo), so the check never synchronizes a GPU. If
+    the stop has not finished within `grace_s` of the signal, the process exits with
+    status 1 instead.
     """
 
     def __init__(self, grace_s: float, ctx: DistContext, log: EventLog) -> None:
         self.grace_s, self.ctx, self.log = grace_s, ctx, log
         self.requested = False
+        self.agreements = 0  # all-reduces started
         self._group = dist.new_group(backend="gloo") if ctx.distributed and ctx.backend != "gloo" else None
         self._timer: threading.Timer | None = None
         self._previous: object = None
         self._pid = os.getpid()
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None
+        self._next_agreement = 1  # the step boundary that starts the next all-reduce
+        self._since: tuple[int, float] = (0, time.monotonic())  # boundary and time of the last start
 
     def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
@@ -146,6 +160,8 @@ class Preemption:
             signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
         if self._timer:
             self._timer.cancel()
+        if self._pending and kind is None:  # every rank started it: it completes at once
+            self._pending[0].wait()
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # A forked DataLoader worker runs this inherited handler if a SIGTERM comes before
@@ -164,15 +180,37 @@ class Preemption:
                               "the last published checkpoint stands")
         os._exit(1)
 
-    def should_stop(self) -> bool:
-        """True on every rank once any rank has received SIGTERM (a collective).
+    def should_stop(self, step: int) -> bool:
+        """True on every rank at the same step once any rank has received SIGTERM.
 
-        With several ranks this is a blocking all-reduce at every step boundary; a
-        single process reads its own flag.
+        Args:
+            step: The step just finished; every rank passes the same sequence.
+
+        A single process reads its own flag. With several ranks the answer at `step` is
+        the agreement started one boundary earlier, so it never waits on a peer that is
+        still computing; the stop comes at most one agreement interval and two steps after
+        the signal reached the last rank.
         """
         if not self.ctx.distributed:
             return self.requested
-        flag = torch.tensor(float(self.requested))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return bool(flag.item())
+        stop = False
+        if self._pending:
+            work, flags = self._pending
+            work.wait()  # started a whole step ago: already done
+            self._pending = None
+            stop = bool(flags[0] > 0)
+            # The slowest rank's seconds per step, identical on every rank after the MAX.
+            every = int(self.grace_s / 20 / max(float(flags[1]), 1e-6))
+            every = min(max(every, 1), AGREE_AT_LEAST_EVERY)
+            self._next_agreement = step - 1 + every
+        if not stop and step >= self._next_agreement:
+            last_step, last_time = self._since
+            now = time.monotonic()
+            flags = torch.tensor([float(self.requested), (now - last_time) / max(step - last_step, 1)])
+            self._since = (step, now)
+            work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
+            assert work is not None  # async_op=True always returns the handle
+            self._pending = (work, flags)
+            self.agreements += 1
+        return stop
 # --8<-- [end:preemption]

@@ -170,8 +170,9 @@ def async_checkpoint() -> dict[str, Any]:
     return {key: record[key] for key in ("sync_s", "blocked_s", "async_total_s", "params", "world_size", "rounds")}
 
 
-# GPT-3 shapes (Brown et al., 2020, table 2.1): name, parameters, hidden, layers, heads.
-GPT3 = (("125M", 125e6, 768, 12, 12), ("350M", 350e6, 1024, 24, 16), ("1.3B", 1.3e9, 2048, 24, 16),
+# Dense decoder shapes: name, parameters, hidden, layers, heads. GPT-3's (Brown et al., 2020,
+# table 2.1) to 6.7B, then 13B at 5120 x 40, OPT-30B's and Llama-2-70B's.
+DENSE_SHAPES = (("125M", 125e6, 768, 12, 12), ("350M", 350e6, 1024, 24, 16), ("1.3B", 1.3e9, 2048, 24, 16),
         ("2.7B", 2.7e9, 2560, 32, 32), ("6.7B", 6.7e9, 4096, 32, 32), ("13B", 13e9, 5120, 40, 40),
         ("30B", 30e9, 7168, 48, 56), ("70B", 70e9, 8192, 80, 64))
 ZERO_STAGES = ("ddp", "zero1", "zero2", "zero3")
@@ -191,12 +192,13 @@ MEMORY_INPUTS: _MemoryInputs = {"world_size": 8, "seq_len": 2048, "micro_batch":
 
 @dataset("memory")
 def memory() -> dict[str, Any]:
-    """Bytes per GPU by ZeRO stage for GPT-3-shaped models on 8 GPUs, computed by
+    """Bytes per GPU by ZeRO stage for dense models of 125M to 70B on 8 GPUs, computed by
     [`calc.memory`][reference_impl.calc.memory] (mixed-precision Adam, 16 bytes per
     parameter, activation checkpointing); nothing is measured."""
-    models = [{"name": n, "params": p, "hidden": h, "n_layers": layers, "n_heads": a} for n, p, h, layers, a in GPT3]
+    models = [{"name": n, "params": p, "hidden": h, "n_layers": layers, "n_heads": a}
+              for n, p, h, layers, a in DENSE_SHAPES]
     curves = {s: [calc.memory(params=p, hidden=h, n_layers=layers, n_heads=a, strategy=s, **MEMORY_INPUTS)
-                  for _, p, h, layers, a in GPT3] for s in ZERO_STAGES}
+                  for _, p, h, layers, a in DENSE_SHAPES] for s in ZERO_STAGES}
     return {"inputs": MEMORY_INPUTS, "models": models, "curves": curves}
 
 

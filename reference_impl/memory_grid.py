@@ -41,6 +41,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from reference_impl import calc
+from reference_impl.shapes import LLAMA3_70B, LLAMA3_405B, LLAMA_7B, LLAMA_13B, Shape, llama_params
 
 COMMAND = "python -m reference_impl.memory_grid"
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "data"
@@ -50,25 +51,6 @@ CATEGORIES = {"Sharded Param": "sharded_params_bytes", "Unsharded Param": "unsha
               "Sharded Grad": "sharded_grads_bytes", "OptState": "optimizer_state_bytes",
               "All Gather": "all_gather_bytes", "Reduce Scatter": "reduce_scatter_bytes",
               "Activation": "activation_bytes", "Temp": "temporary_bytes", "Total": "total_bytes"}
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A Llama-style model's sizes."""
-
-    name: str
-    hidden: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_hidden: int
-    vocab_size: int
-
-
-LLAMA_7B = Shape("Llama-2 7B", 4096, 32, 32, 32, 11008, 32000)
-LLAMA_13B = Shape("Llama-2 13B", 5120, 40, 40, 40, 13824, 32000)
-LLAMA3_70B = Shape("Llama-3 70B", 8192, 80, 64, 8, 28672, 128256)
-LLAMA3_405B = Shape("Llama-3 405B", 16384, 126, 128, 8, 53248, 128256)
 
 
 @dataclass(frozen=True)
@@ -206,13 +188,6 @@ def predict(config: Config) -> dict[str, float]:
         activation_checkpointing=config.activation_checkpointing, param_bytes=4, grad_bytes=4, master_bytes=0,
         optimizer_bytes=8, ffn_hidden=s.ffn_hidden, gated_mlp=True, n_kv_heads=s.n_kv_heads,
         vocab_size=s.vocab_size, compute_bytes=2, transients=True)
-
-
-def llama_params(shape: Shape) -> int:
-    """Parameters of `Llama(shape)`, counted from its sizes."""
-    h, kv = shape.hidden, shape.hidden // shape.n_heads * shape.n_kv_heads
-    block = 2 * h + h * (h + 2 * kv) + h * h + 3 * h * shape.ffn_hidden
-    return shape.n_layers * block + 2 * shape.vocab_size * h + h
 
 
 def grid() -> list[Config]:

@@ -22,13 +22,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 from reference_impl.model import TinyTransformer, loss_fn, run_blocks
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # --pp-schedule -> pipelining's class
+
+
+def _schedule_and_stage(kind: str) -> tuple[Any, Any]:
+    """The schedule class named by `kind` and `PipelineStage`, imported when a pipeline is
+    built: `torch.distributed.pipelining` costs every other run's start-up (and restart)
+    an import it never uses."""
+    import torch.distributed.pipelining as pipelining
+
+    return getattr(pipelining, SCHEDULES[kind]), pipelining.PipelineStage
 
 
 # --8<-- [start:stage]
@@ -119,8 +127,9 @@ def build_pipeline(stage: nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device:
     divisor = cfg.pipeline_microbatches * cfg.grad_accum_steps
     # Scaling the loss, not the gradients: the schedule's own gradient scaling divides every
     # gradient the stage holds, which would shrink the ones accumulated in earlier steps again.
-    schedule = SCHEDULES[cfg.pp_schedule](
-        PipelineStage(stage, index, degree, device, group=group), n_microbatches=cfg.pipeline_microbatches,
+    schedule_class, stage_class = _schedule_and_stage(cfg.pp_schedule)
+    schedule = schedule_class(
+        stage_class(stage, index, degree, device, group=group), n_microbatches=cfg.pipeline_microbatches,
         scale_grads=False, loss_fn=lambda output, target: loss_fn(output, target) / divisor)
     return Pipeline(schedule, index, degree, group)
 
@@ -186,9 +195,9 @@ def measure_bubble(kind: str, microbatches: int, forward_s: float = 0.02, backwa
     idle time: the bubble plus point-to-point latency. Run on every rank of the group.
     """
     index, pp_degree = dist.get_rank(), dist.get_world_size()
-    schedule = SCHEDULES[kind](PipelineStage(_TimedStage(forward_s, backward_s), index, pp_degree,
-                                             torch.device("cpu")),
-                               n_microbatches=microbatches, loss_fn=lambda out, _target: out.mean())
+    schedule_class, stage_class = _schedule_and_stage(kind)
+    schedule = schedule_class(stage_class(_TimedStage(forward_s, backward_s), index, pp_degree, torch.device("cpu")),
+                              n_microbatches=microbatches, loss_fn=lambda out, _target: out.mean())
     batch, walls = torch.ones(microbatches, 4), []
     for _ in range(rounds + 1):  # the first step also sets up the stage's buffers: untimed
         dist.barrier()

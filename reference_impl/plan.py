@@ -5,10 +5,16 @@ axis innermost, then the sharded data-parallel axis, then the replicated one, th
 pipeline (torchtitan's order), plus a micro-batch size and whether activations are
 recomputed. Each candidate is priced with the calculators of `reference_impl.calc`:
 
-- memory per GPU: `calc.memory` for the stage's share of the parameters (`1 / (tp x pp)`),
-  FSDP-sharded over `dp_shard`; activations split `tp` ways by sequence parallelism, for
-  the micro-batches that 1F1B keeps in flight on the first stage (`min(pp, m)`); plus the
-  two layers of gathered bf16 parameters that FSDP holds (the current and the prefetched);
+- memory per GPU: `calc.memory`'s per-rank peak (`transients=True`) for the Llama shape
+  under FSDP2 with the trainer's bf16 mixed precision (fp32 sharded weights, gradients and
+  Adam moments: 16 bytes per parameter), sharded over `dp_shard`; the stage's share of the
+  parameters (`1 / (tp x pp)`); activations split `tp` ways by sequence parallelism, for
+  the `pp` micro-batches that 1F1B keeps in flight on the first stage (`calc.memory`
+  counts `pp` even when a step has fewer micro-batches, erring high); the gathered root
+  and blocks, the all-gather and reduce-scatter buffers and the logits' temporaries. With
+  `tp = pp = 1` this is the figure certified against PyTorch's `FSDPMemTracker`
+  (`docs/data/memory_grid.json`); the tensor- and pipeline-parallel terms are
+  Megatron-LM's accounting, not certified;
 - compute: `calc.step_time` at an assumed efficiency, a third more with recomputation;
 - tensor parallel: `calc.tp_comm` per micro-batch (six all-reduces per layer instead of
   four when the forward is recomputed), on the critical path;
@@ -20,8 +26,8 @@ recomputed. Each candidate is priced with the calculators of `reference_impl.cal
 
 A group whose ranks all sit in one node uses the intra-node bandwidth, any other the
 network's. Not modelled: point-to-point pipeline transfers, kernel efficiency falling as
-TP shrinks the matmuls, and memory beyond `calc.memory`'s count (allocator fragmentation,
-temporary buffers), so treat a fit within a few GB of the limit as a risk.
+TP shrinks the matmuls, and the allocator's fragmentation and cached blocks beyond the
+tracker's peak, so treat a fit within a few GB of the limit as a risk.
 """
 
 from __future__ import annotations
@@ -30,8 +36,11 @@ from dataclasses import dataclass, replace
 
 from reference_impl import calc
 from reference_impl.calc import _count, _flag, _positive
+from reference_impl.shapes import LLAMA3_70B, Shape, llama_params
 
-GRAD_BYTES = 2  # bf16 gradients, as calc.memory's default
+PARAM_BYTES = 2  # bf16 parameters gathered by FSDP2's all-gathers
+GRAD_BYTES = 2  # bf16 gradients reduced: the search's assumption (the trainer reduces in fp32)
+GRAD_SYNCS = ("every", "last")
 RECOMPUTE = 4 / 3  # activation checkpointing adds one forward: 2 of training's 6 FLOPs per parameter-token
 
 
@@ -39,15 +48,14 @@ RECOMPUTE = 4 / 3  # activation checkpointing adds one forward: 2 of training's 
 class Job:
     """A training job and its cluster: the model, the batch and the hardware.
 
-    Defaults are a Llama-2-70B shape on 64 H100 SXM GPUs, eight per node: 989 TFLOP/s
-    dense bf16 and 80 GB each, an assumed 400 GB/s per GPU inside a node and 50 GB/s (one
-    400 Gb/s port) per GPU between nodes, and 256 sequences of 4096 tokens per step.
+    Defaults are Llama-3-70B (hidden 8192, 80 layers, 64 heads, 8 key/value heads, SwiGLU
+    of 28672, vocabulary 128256, untied: 70.55B parameters) on 64 H100 SXM GPUs, eight per
+    node: 989 TFLOP/s dense bf16 and 80 GB each, an assumed 400 GB/s per GPU inside a node
+    and 50 GB/s (one 400 Gb/s port) per GPU between nodes, and 256 sequences of 4096 tokens
+    per step.
 
     Attributes:
-        params: Model parameters.
-        n_layers: Transformer layers.
-        hidden: Hidden size; a multiple of `n_heads`.
-        n_heads: Attention heads per layer.
+        shape: The model's sizes (a Llama block: RMSNorm, grouped-query attention, SwiGLU).
         seq_len: Tokens per sequence.
         global_batch: Sequences per optimizer step over all GPUs.
         n_gpus: GPUs in the job.
@@ -63,10 +71,7 @@ class Job:
         ValueError: A non-positive size, an efficiency above 1, or no micro-batch size.
     """
 
-    params: float = 70e9
-    n_layers: int = 80
-    hidden: int = 8192
-    n_heads: int = 64
+    shape: Shape = LLAMA3_70B
     seq_len: int = 4096
     global_batch: int = 256
     n_gpus: int = 64
@@ -79,10 +84,9 @@ class Job:
     micro_batches: tuple[int, ...] = (1, 2, 4, 8)
 
     def __post_init__(self) -> None:
-        for name in ("params", "gpu_memory_bytes", "peak_flops_per_gpu", "intra_node_bandwidth",
-                     "inter_node_bandwidth"):
+        for name in ("gpu_memory_bytes", "peak_flops_per_gpu", "intra_node_bandwidth", "inter_node_bandwidth"):
             _positive(name, getattr(self, name))
-        for name in ("n_layers", "hidden", "n_heads", "seq_len", "global_batch", "n_gpus", "gpus_per_node"):
+        for name in ("seq_len", "global_batch", "n_gpus", "gpus_per_node"):
             _count(name, getattr(self, name))
         if _positive("compute_efficiency", self.compute_efficiency) > 1:
             raise ValueError(f"compute_efficiency is a fraction and must not exceed 1, got {self.compute_efficiency!r}")
@@ -92,9 +96,35 @@ class Job:
             _count("micro_batches", size)
 
     @property
+    def params(self) -> int:
+        """The model's parameters, embedding and output projection included."""
+        return llama_params(self.shape)
+
+    @property
     def flops_per_sequence(self) -> float:
         """Training FLOPs of one sequence: `6 x params` per token plus attention's `12 x layers x hidden x seq_len`."""
-        return self.seq_len * (6 * self.params + 12 * self.n_layers * self.hidden * self.seq_len)
+        return self.seq_len * (6 * self.params + 12 * self.shape.n_layers * self.shape.hidden * self.seq_len)
+
+
+def fsdp_hiding_tokens(job: Job, grad_sync: str = "every") -> float:
+    """Tokens per micro-batch above which FSDP2's traffic across nodes takes no longer than
+    the micro-batch's `6 x params` FLOPs (attention's FLOPs and the ring's `(N - 1) / N`
+    left out), whatever the TP degree: `peak x efficiency / bandwidth x bytes / 6`.
+
+    Per local parameter and micro-batch FSDP2 gathers `PARAM_BYTES` for the forward and
+    again for the backward; with `grad_sync="every"` (what `search` prices: gradients stay
+    sharded) it also reduce-scatters `GRAD_BYTES`, 6 bytes in all. With `"last"` (the
+    trainer's default, `--fsdp-grad-sync last`) it reduce-scatters once per step, so as the
+    micro-batches per step grow only the 4 bytes of gathers are left, and every rank holds
+    its stage's unsharded gradients until the last micro-batch.
+
+    Raises:
+        ValueError: `grad_sync` is neither `every` nor `last`.
+    """
+    if grad_sync not in GRAD_SYNCS:
+        raise ValueError(f"grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {grad_sync!r}")
+    bytes_per_param = 2 * PARAM_BYTES + (GRAD_BYTES if grad_sync == "every" else 0)
+    return job.peak_flops_per_gpu * job.compute_efficiency / job.inter_node_bandwidth * bytes_per_param / 6
 
 
 @dataclass(frozen=True)
@@ -137,10 +167,11 @@ def _bandwidth(job: Job, span: int) -> float:
 def _layout_problem(job: Job, tp: int, pp: int, dp: int, micro_batch: int) -> str:
     if tp > job.gpus_per_node or job.gpus_per_node % tp:
         return f"TP {tp} does not fit in a node of {job.gpus_per_node} GPUs"
-    if job.n_heads % tp or job.seq_len % tp:
-        return f"{job.n_heads} heads and {job.seq_len} tokens do not split {tp} ways"
-    if job.n_layers % pp:
-        return f"{job.n_layers} layers do not split into {pp} stages"
+    shape = job.shape
+    if shape.n_kv_heads % tp or job.seq_len % tp:
+        return f"{shape.n_kv_heads} key/value heads and {job.seq_len} tokens do not split {tp} ways"
+    if shape.n_layers % pp:
+        return f"{shape.n_layers} layers do not split into {pp} stages"
     if job.global_batch % (dp * micro_batch):
         return f"{job.global_batch} sequences do not split into micro-batches of {micro_batch} on {dp} replicas"
     return ""
@@ -178,20 +209,21 @@ def evaluate(job: Job, *, dp_replicate: int, dp_shard: int, tp: int, pp: int, mi
     if problem:
         return replace(chosen, rejected=problem)
     m = job.global_batch // (r * s * b)
-    stage_params, stage_layers = job.params / (t * p), job.n_layers // p
-    # Sequence parallelism splits every activation t ways, as a sequence t times shorter would.
-    # Under 1F1B the first stage holds min(p, m) micro-batches: as many times its layers' activations.
-    mem = calc.memory(params=stage_params, world_size=s, strategy="fsdp", seq_len=job.seq_len // t,
-                      micro_batch=b, hidden=job.hidden, n_heads=job.n_heads,
-                      n_layers=stage_layers * min(p, m), activation_checkpointing=ac)
-    gathered = 2 * mem["params_bytes"] * s / stage_layers if s > 1 else 0.0
-    total = mem["total_bytes"] + gathered
+    shape = job.shape
+    stage_params, stage_layers = job.params / (t * p), shape.n_layers // p
+    mem = calc.memory(params=job.params, world_size=s, strategy="fsdp", seq_len=job.seq_len, micro_batch=b,
+                      hidden=shape.hidden, n_heads=shape.n_heads, n_layers=shape.n_layers,
+                      activation_checkpointing=ac, param_bytes=4, grad_bytes=4, master_bytes=0, optimizer_bytes=8,
+                      ffn_hidden=shape.ffn_hidden, gated_mlp=True, n_kv_heads=shape.n_kv_heads,
+                      vocab_size=shape.vocab_size, tp_degree=t, pp_degree=p, sequence_parallel=True,
+                      compute_bytes=2, transients=True)
+    total = mem["total_bytes"]
     compute = calc.step_time(flops_per_sample=job.flops_per_sequence * (RECOMPUTE if ac else 1),
                              samples_per_step=job.global_batch, n_gpus=job.n_gpus,
                              peak_flops_per_gpu=job.peak_flops_per_gpu, mfu=job.compute_efficiency)["step_time_s"]
     tp_s = 0.0
     if t > 1:
-        per_microbatch = calc.tp_comm(seq_len=job.seq_len, micro_batch=b, hidden=job.hidden, n_layers=stage_layers,
+        per_microbatch = calc.tp_comm(seq_len=job.seq_len, micro_batch=b, hidden=shape.hidden, n_layers=stage_layers,
                                       tp_degree=t, bandwidth_bytes_per_s=_bandwidth(job, t))["time_s"]
         tp_s = m * per_microbatch * (6 / 4 if ac else 1)  # recomputing the forward repeats its 2 all-reduces
     bubble = calc.pipeline_bubble(stages=p, microbatches=m)["bubble_fraction"]
@@ -208,7 +240,7 @@ def evaluate(job: Job, *, dp_replicate: int, dp_shard: int, tp: int, pp: int, mi
     limit = job.gpu_memory_bytes
     rejected = f"needs {total / 1e9:.0f} GB per GPU, over {limit / 1e9:.0f} GB" if total > limit else ""
     return replace(chosen, rejected=rejected, microbatches=m, model_state_bytes=mem["model_state_bytes"],
-                   activation_bytes=mem["activation_bytes"] + gathered, memory_bytes=total, compute_s=compute,
+                   activation_bytes=mem["activation_bytes"], memory_bytes=total, compute_s=compute,
                    tp_comm_s=tp_s, bubble_fraction=bubble, dp_comm_s=dp_s, step_time_s=step, mfu=mfu)
 
 

@@ -23,8 +23,6 @@ from reference_impl.model import loss_fn
 from reference_impl.parallel import gradient_sync
 from reference_impl.pipeline import Pipeline, pipeline_step
 
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW or plain SGD over all parameters, at the schedule's base rate."""
@@ -34,6 +32,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 
 # --8<-- [start:build_scaler]
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # fp32: no autocast
+
+
 def build_scaler(cfg: TrainConfig, device: torch.device) -> torch.amp.GradScaler | None:
     """A GradScaler for fp16 only: bf16 has fp32's exponent range and needs none."""
     if cfg.precision != "fp16":

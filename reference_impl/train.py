@@ -184,7 +184,7 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                     on_step(state)
                 if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
                     log_step(state, cfg, ctx, log, loss, timer, meter)
-                state.preempted = stop.should_stop()  # every rank stops after the same step
+                state.preempted = stop.should_stop(state.step)  # every rank stops after the same step
                 if ckpt and (cfg.is_checkpoint_step(state.step) or state.preempted):
                     if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
                         check_finite(loss_sum, ctx, state.step)

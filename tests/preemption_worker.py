@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,9 +19,14 @@ from reference_impl.lifecycle import Preemption
 from reference_impl.metrics import EventLog
 
 
+STEP_S, GRACE_S, SIGNAL_AT, STEPS = 0.01, 3.0, 7, 100
+
+
 def signalled_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """One rank of a real gloo group: what `should_stop` answers with no signal, then after a
-    real SIGTERM reached only rank 1, then (a fresh `Preemption`) only rank 0."""
+    """One rank of a real gloo group running `STEPS` steps of `STEP_S` seconds: the step at
+    which `should_stop` first answers True and how many all-reduces it started, with no
+    signal, then with a real SIGTERM to rank 1 only at step `SIGNAL_AT`, then (a fresh
+    `Preemption`) to rank 0 only."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     try:
@@ -28,11 +34,18 @@ def signalled_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None
         answers = {}
         for signalled in (None, 1, 0):
             log = io.StringIO()
-            with Preemption(60.0, ctx, EventLog(rank, log)) as stop:
-                if rank == signalled:
-                    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
-                answers[str(signalled)] = {"requested": stop.requested, "stop": stop.should_stop(),
-                                           "logged": "sigterm_received" in log.getvalue()}
+            stopped_at = None
+            with Preemption(GRACE_S, ctx, EventLog(rank, log)) as stop:
+                for step in range(1, STEPS + 1):
+                    time.sleep(STEP_S)  # the step's work
+                    if rank == signalled and step == SIGNAL_AT:
+                        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+                    if stop.should_stop(step):
+                        stopped_at = step
+                        break
+            answers[str(signalled)] = {"requested": stop.requested, "stopped_at": stopped_at,
+                                       "steps": step, "agreements": stop.agreements,
+                                       "logged": "sigterm_received" in log.getvalue()}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(answers))
     finally:
         dist.destroy_process_group()

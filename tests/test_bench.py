@@ -48,18 +48,19 @@ OVERHEAD_FLAGS = ["--max-steps", "3", "--hidden-dim", "16", "--micro-batch-size"
 
 
 def test_overhead_bench_reports_trainer_over_bare_loop_for_the_requested_run() -> None:
-    run = launch.python_module(["overhead", "--rounds", "1", *OVERHEAD_FLAGS],
+    run = launch.python_module(["overhead", "--rounds", "2", "--tiny-steps", "5", *OVERHEAD_FLAGS],
                                timeout=60, module="reference_impl.bench")
     result = last_json(run, "overhead")
     cfg = bench_config("overhead", OVERHEAD_FLAGS)
     assert result["config_digest"] == cfg.digest(), "the benchmark ran the configured loop"
     assert (result["model"], result["micro_batch_size"], result["steps"]) == ("mlp", 8, 3)
-    assert result["rounds"] == 1 and result["threads"] == 1
+    assert result["rounds"] == 2 and result["threads"] == 1 and result["tiny_steps"] == 5
     assert_ratio(result["ratio"], result["trainer_ms_per_step"], result["bare_ms_per_step"])
+    assert result["ratio_min"] <= result["ratio_max"], "the spread of the per-round ratios"
     assert result["cpu_ratio"] > 0
+    assert result["fixed_us_min"] <= result["fixed_us_per_step"] <= result["fixed_us_max"]
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart() -> None:
     hidden_dims, rounds = [16, 32], 1
@@ -74,23 +75,27 @@ def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart
         params = sum(p.numel() for p in model.parameters())
         assert size["params"] == params
         assert size["state_bytes"] >= 3 * 4 * params, "fp32 weights and AdamW's two moments"
-        for key in ("save_ours_s", "save_raw_s", "save_raw_fsync_s", "restore_ours_s", "restore_raw_s"):
+        for key in ("save_ours_s", "save_raw_s", "save_raw_fsync_s", "save_floor_s", "restore_ours_s", "restore_raw_s"):
             assert size[key] >= 0, key
+        assert size["checkpoint_bytes"] >= size["state_bytes"], "the floor writes what our checkpoint holds"
+        assert size["floor_method"] in ("O_DIRECT", "buffered")
         assert_ratio(size["save_ratio"], size["save_ours_s"], size["save_raw_s"])
         assert_ratio(size["save_ratio_fsync"], size["save_ours_s"], size["save_raw_fsync_s"])
+        assert_ratio(size["save_floor_ratio"], size["save_ours_s"], size["save_floor_s"])
         assert_ratio(size["restore_ratio"], size["restore_ours_s"], size["restore_raw_s"])
-    for key in ("save_ratio", "save_ratio_fsync", "restore_ratio"):
+    for key in ("save_ratio", "save_ratio_fsync", "save_floor_ratio", "restore_ratio"):
         assert result[f"max_{key}"] == max(s[key] for s in result["sizes"])
     assert len(result["recovery_s_all"]) == rounds
     assert result["recovery_s"] == pytest.approx(statistics.median(result["recovery_s_all"]), abs=1e-3)
     assert 0 < result["recovery_restored_s"] <= result["recovery_s"], "restored before the first resumed step"
+    assert len(result["recovery_floor_s_all"]) == rounds and result["recovery_floor_s"] > 0
+    assert_ratio(result["recovery_floor_ratio"], result["recovery_s"], result["recovery_floor_s"])
     assert result["raw_save_fsync"] is False
 
 
 ASYNC_FLAGS = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64"]
 
 
-@pytest.mark.slow
 @pytest.mark.slow
 def test_async_bench_relaunches_under_torchrun_and_compares_with_a_sync_save() -> None:
     run = launch.python_module(["async", "--rounds", "1", *ASYNC_FLAGS],

@@ -7,16 +7,14 @@ different hash seeds, a kernel-enforced file size limit), then the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -52,6 +50,37 @@ def test_naive_digest_differs_between_processes() -> None:
     (naive_a, ours_a), (naive_b, ours_b) = (run.stdout.split() for run in runs)
     assert naive_a != naive_b, "hash() of the same config differs between two processes"
     assert ours_a == ours_b and len(ours_a) == 64, "the sha256 digest is the same everywhere"
+
+
+def test_hash_seed_salts_str_and_bytes_not_numbers() -> None:
+    """PYTHONHASHSEED salts the hashes of str and bytes, and of whatever hashes them (a
+    tuple holding a str, a frozen dataclass with a str field); int and float hash the same
+    in every process (an int to itself)."""
+    code = """
+        import dataclasses, json
+
+        @dataclasses.dataclass(frozen=True)
+        class Config:
+            name: str
+            steps: int
+
+        values = {"str": "lr", "bytes": b"lr", "tuple with a str": ("lr", 3), "frozen config": Config("lr", 3),
+                  "int": 12345, "big int": 2**70, "float": 0.25, "tuple of ints": (1, 2)}
+        print(json.dumps({name: hash(value) for name, value in values.items()}))
+    """
+    runs = [_python(code, PYTHONHASHSEED=seed) for seed in ("1", "2")]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    first, second = (json.loads(run.stdout) for run in runs)
+    salted = {name for name in first if first[name] != second[name]}
+    assert salted == {"str", "bytes", "tuple with a str", "frozen config"}
+    assert first["int"] == 12345
+
+
+def test_the_pasted_fixed_digest_is_the_configs_digest() -> None:
+    """The Pitfalls block's `fixed_digest` is `TrainConfig.digest`, written for a fresh interpreter."""
+    cfg = TrainConfig(lr=0.01, seed=3)
+    assert naive.fixed_digest(dataclasses.asdict(cfg)) == cfg.digest()
 
 
 # 2 ------------------------------------------------------------------------------------
@@ -264,30 +293,6 @@ def test_host_timer_measures_launch_not_device_time() -> None:
 
 
 # 9 ------------------------------------------------------------------------------------
-HOST_READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__")
-
-
-@contextmanager
-def counting_host_reads() -> Iterator[list[str]]:
-    """Count every tensor method that copies a value to the host (a device sync on a GPU)."""
-    calls: list[str] = []
-    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-
-    def counted(name: str) -> Any:
-        def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            calls.append(name)
-            return originals[name](self, *args, **kwargs)
-        return read
-
-    for name in HOST_READS:
-        setattr(torch.Tensor, name, counted(name))
-    try:
-        yield calls
-    finally:
-        for name, method in originals.items():
-            setattr(torch.Tensor, name, method)
-
-
 def test_naive_step_returns_a_float_ours_a_tensor() -> None:
     """The naive step reads the loss to the host every step (one `.item()`, a device sync on
     a GPU); the trainer's step reads nothing and returns the same loss as a device tensor
@@ -300,7 +305,7 @@ def test_naive_step_returns_a_float_ours_a_tensor() -> None:
     model = nn.Linear(4, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     expected = nn.functional.cross_entropy(model(x), y).item()
-    with counting_host_reads() as reads:
+    with naive.counting_host_reads() as reads:
         value = naive.naive_step_loss(model, x, y, opt)
     assert reads == ["item"] and value == pytest.approx(expected)
 
@@ -308,7 +313,7 @@ def test_naive_step_returns_a_float_ours_a_tensor() -> None:
     model = nn.Linear(4, 3)
     cfg = TrainConfig(micro_batch_size=8, dataset_size=64, input_dim=4, num_classes=3, optimizer="sgd")
     opt = build_optimizer(model, cfg)
-    with counting_host_reads() as reads:
+    with naive.counting_host_reads() as reads:
         loss, _ = train_step(model, iter([(x, y, torch.arange(8))]), opt, build_scheduler(opt, cfg), None,
                              cfg, torch.device("cpu"), PhaseTimer(torch.device("cpu")))
     assert reads == [], f"the step read {reads} to the host"

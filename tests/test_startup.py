@@ -1,8 +1,10 @@
-"""What a run imports: a run whose parameters are whole never imports DCP.
+"""What a run imports: a run whose parameters are whole never imports DCP, and a run
+without pipeline stages never imports `torch.distributed.pipelining`.
 
 A restarted job pays its imports again before its first resumed step. DCP
 (`torch.distributed.checkpoint`) serves only runs with sharded parameters, so the package
-imports it where such a run uses it (`reference_impl.checkpoint.layouts`), not at start-up.
+imports it where such a run uses it (`reference_impl.checkpoint.layouts`), not at start-up;
+likewise the pipelining package, where a pipeline is built (`reference_impl.pipeline`).
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ for steps in ("4", "6"):
     train(TrainConfig.from_cli([*flags, "--max-steps", steps]), DistContext(), EventLog(0, log))
 restored = [json.loads(line) for line in log.getvalue().splitlines() if '"checkpoint_restored"' in line]
 print(json.dumps({"restored": [e["step"] for e in restored],
-                  "dcp": sorted(m for m in sys.modules if m.startswith("torch.distributed.checkpoint"))}))
+                  "dcp": sorted(m for m in sys.modules if m.startswith("torch.distributed.checkpoint")),
+                  "pipelining": sorted(m for m in sys.modules if m.startswith("torch.distributed.pipelining"))}))
 """
 
 
-def test_a_single_process_run_and_its_resume_never_import_dcp(tmp_path: Path) -> None:
+def test_a_single_process_run_and_its_resume_never_import_dcp_or_pipelining(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)],
                          capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["restored"] == [4], "the second run resumed from the first one's checkpoint"
     assert result["dcp"] == []
+    assert result["pipelining"] == []

@@ -132,3 +132,14 @@ def test_phase_timer_on_cpu_attributes_time_to_the_right_phase() -> None:
     totals = timer.flush()
     assert set(totals) == {"forward", "data"} and totals["forward"] > 0
     assert timer.flush() == {}, "flush resets the window"
+
+
+def test_a_failure_inside_a_phase_leaves_the_timer_naming_that_phase() -> None:
+    timer = PhaseTimer(CPU)
+    with pytest.raises(ZeroDivisionError), timer.phase("backward"):
+        1 / 0
+    assert timer.current == "backward", "the error report names the phase that failed"
+    assert timer.flush() == {}, "a failed phase is not a measurement"
+    with timer.phase("backward"):  # the same phase object is reused and times again
+        pass
+    assert timer.current == "after_backward" and set(timer.flush()) == {"backward"}

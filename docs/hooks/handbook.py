@@ -23,6 +23,7 @@ import posixpath
 import re
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 from typing import Any
 
 from mkdocs.utils.meta import get_data
@@ -121,6 +122,21 @@ def colab_url(repo_url: str | None) -> str | None:
             f"{COMMITTED.relative_to(ROOT).as_posix()}")
 
 
+def published_url(site_url: str | None, repo_url: str | None) -> str | None:
+    """The address the handbook is read at, for links that leave the site (the Anki deck).
+
+    `site_url` when it names a real host; a local default (`mkdocs serve`'s loopback
+    address) does not, since a card carried to another device cannot reach it. Then the
+    GitHub Pages address of `repo_url`, which is where the Pages workflow publishes; else
+    None, and links name the page instead.
+    """
+    host = urlparse(site_url or "").hostname or ""
+    if host and host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        return site_url.rstrip("/") + "/"  # type: ignore[union-attr]
+    m = re.match(r"https://github\.com/([^/]+)/([^/]+?)(?:\.git)?/?$", repo_url or "")
+    return f"https://{m[1].lower()}.github.io/{m[2]}/" if m else None
+
+
 def install_command(repo_url: str | None) -> str:
     if repo_url:
         return f'pip install "git+{repo_url.rstrip("/")}"'
@@ -206,8 +222,12 @@ def question_bank() -> list[dict[str, Any]]:
     return bank
 
 
-def build_deck(path: Path, site_url: str, repo_url: str | None) -> int:
-    """Write the Anki deck of the question bank to `path`; return its number of cards."""
+def build_deck(path: Path, site_url: str | None, repo_url: str | None) -> int:
+    """Write the Anki deck of the question bank to `path`; return its number of cards.
+
+    Each card links its page at the published address (`published_url`); without one it
+    names the page, rather than link an address only the build machine can open.
+    """
     import genanki
     import markdown as md
 
@@ -218,12 +238,16 @@ def build_deck(path: Path, site_url: str, repo_url: str | None) -> int:
                     "afmt": "{{FrontSide}}<hr id=answer>{{Answer}}<p><small>{{Source}}</small></p>"}])
     deck = genanki.Deck(1_640_217_002, "Distributed training interview handbook")
     blob = f"{repo_url.rstrip('/')}/blob/main/" if repo_url else None
+    published = published_url(site_url, repo_url)
     for card in question_bank():
         answer = re.sub(r"\[([^\]]+)\]\([^)]+\)", r"\1", card["answer"])  # page links do not work in Anki
         proofs = [f'<a href="{blob}{t.split("::")[0]}">{t}</a>' if blob else f"<code>{t}</code>"
                   for t in card["tests"]]
-        page_url = site_url.rstrip("/") + "/" + card["page"].removesuffix(".md") + "/"
-        source = f'<a href="{page_url}">{card["topic"] or "handbook"}</a>'
+        topic = card["topic"] or "handbook"
+        if published:
+            source = f'<a href="{published}{card["page"].removesuffix(".md")}/">{topic}</a>'
+        else:
+            source = f'{topic} (<code>{card["page"]}</code> in the handbook)'
         if proofs:
             source += "; proved by " + ", ".join(proofs)
         deck.add_note(genanki.Note(model=model, guid=genanki.guid_for(card["question"]), tags=[
@@ -284,7 +308,7 @@ def on_post_build(config: Any, **_: Any) -> None:
     target = Path(config["site_dir"]) / SITE_PATH
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(notebook_json(), encoding="utf-8")
-    build_deck(Path(config["site_dir"]) / DECK_PATH, config["site_url"] or "/", config.get("repo_url"))
+    build_deck(Path(config["site_dir"]) / DECK_PATH, config["site_url"], config.get("repo_url"))
 
 
 if __name__ == "__main__":

@@ -111,17 +111,20 @@ def _async(fig: Figure, d: dict[str, Any]) -> None:
     _legend_below(ax, 1)
 
 
+MEMORY_XLABEL = "model parameters (GPT-3-like shapes to 13B, OPT-30B, Llama-2-70B)"
+
+
 def _memory(fig: Figure, d: dict[str, Any]) -> None:
     ax = fig.subplots()
     params = [m["params"] for m in d["models"]]
+    # GB of 10^9 bytes, as the page's text, its calculators and the H100's "80 GB" count them.
     for colour, (stage, points) in zip(COLOURS, d["curves"].items()):
-        ax.plot(params, [p["total_bytes"] / 2 ** 30 for p in points], "-o", ms=3, color=colour,
+        ax.plot(params, [p["total_bytes"] / 1e9 for p in points], "-o", ms=3, color=colour,
                 label=stage.upper() if stage == "ddp" else f"ZeRO-{stage[-1]}")
-    ax.axhline(80e9 / 2 ** 30, color=GREY, ls="--", lw=1)
-    ax.annotate("80 GB: one H100", (params[0], 80e9 / 2 ** 30), xytext=(0, 3), textcoords="offset points",
-                fontsize=8)
-    ax.set(xscale="log", yscale="log", xlabel="model parameters (GPT-3 shapes)",
-           ylabel=f"GiB per GPU ({d['inputs']['world_size']} GPUs)")
+    ax.axhline(80, color=GREY, ls="--", lw=1)
+    ax.annotate("80 GB: one H100", (params[0], 80), xytext=(0, 3), textcoords="offset points", fontsize=8)
+    ax.set(xscale="log", yscale="log", xlabel=MEMORY_XLABEL,
+           ylabel=f"GB (10⁹ bytes) per GPU ({d['inputs']['world_size']} GPUs)")
     ax.set_xticks(params, [m["name"] for m in d["models"]], fontsize=8)
     ax.minorticks_off()
     ax.legend(fontsize=8)
@@ -178,7 +181,9 @@ PLOTS: dict[str, tuple[Renderer, str, str]] = {
     "memory": (_memory, "Memory per GPU by ZeRO stage against model size",
                "Computed, not measured: `reference_impl.calc.memory`, whose terms are checked by its "
                "unit tests. Mixed-precision Adam (16 bytes per parameter), 8 GPUs, sequence 2048, "
-               "micro-batch 1, activation checkpointing."),
+               "micro-batch 1, activation checkpointing. Hidden size and layers as GPT-3's models up "
+               "to 6.7B, then 13B at 5120 × 40, OPT-30B's 7168 × 48 and Llama-2-70B's 8192 × 80 (a "
+               "GPT block, no vocabulary term); GB are 10^9 bytes."),
     "allreduce": (_allreduce, "Ring all-reduce time against message size",
                   "float32 all-reduce on two gloo ranks against `reference_impl.calc.ring_allreduce`, "
                   "with its bandwidth and per-step latency fitted to the medians (least squares on the "

@@ -8,7 +8,10 @@
   nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs;
 * `memory_grid`, `memory_grid_reduced`: `calc.memory` against PyTorch's `FSDPMemTracker`
   on the grids that `python -m reference_impl.memory_grid [--reduced]` writes to
-  `docs/data/`, with the torch version and the date of the run.
+  `docs/data/`, with the torch version and the date of the run;
+* `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
+  data file the `pipeline` plot beside it draws (`hooks/plots.py`), so table and plot
+  always show the same run.
 
 An unknown name stops the build with a `ValueError` that lists the known ones.
 """
@@ -23,46 +26,62 @@ from typing import Any
 
 from reference_impl.plan import Plan, best_per_mesh, search
 
+DATA = Path(__file__).resolve().parents[1] / "data"
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")
 RANKED_ROWS = 6
 LANDMARKS = {"64x1x1x1": "DDP", "8x8x1x1": "HSDP, shard in a node", "1x64x1x1": "FSDP2",
              "1x4x16x1": "TP 16 + FSDP2", "1x8x8x1": "TP 8 + FSDP2", "1x1x8x8": "TP 8 + PP 8"}
-HEADER = ("| Mesh (replicate × shard × TP × PP) | Micro-batch | Recompute | GB per GPU | Compute (s) | TP comm (s) "
-          "| FSDP/DP comm (s) | Bubble | Step (s) | MFU | Verdict |")
+# Two narrow tables instead of one wide one, so that both fit a 720 px column: the landmarks
+# say whether a mesh runs and how fast; the ranking where the step's time goes.
+LANDMARK_HEADER = "| Mesh | Named | b | AC | GB | Step (s) | MFU | Verdict |"
+RANKING_HEADER = "| Mesh | b | AC | GB | Compute (s) | TP (s) | FSDP/DP (s) | Bubble | Step (s) | MFU |"
+LEGEND = ("\nMesh: data-parallel replicas × FSDP shards × TP × PP degrees. b: sequences per micro-batch. "
+          "AC: activation checkpointing (recompute). GB: the per-GPU peak of `calc.memory`, 10⁹ bytes.")
 
 
-def _row(plan: Plan, name: str = "") -> str:
-    mesh = plan.mesh.replace("x", " × ") + (f" ({name})" if name else "")
+def _setting(plan: Plan) -> str:
+    """Mesh, micro-batch, recompute and memory cells of a priced plan."""
+    return (f"| {plan.mesh.replace('x', '×')} | {plan.micro_batch} | {'yes' if plan.activation_checkpointing else 'no'} "
+            f"| {plan.memory_bytes / 1e9:.1f} ")
+
+
+def _landmark_row(plan: Plan, name: str) -> str:
     if plan.rejected and not plan.memory_bytes:  # rejected for its layout, before it was priced
-        return f"| {mesh} | | | | | | | | | | {plan.rejected} |"
-    setting = (f"| {mesh} | {plan.micro_batch} | {'yes' if plan.activation_checkpointing else 'no'} "
-               f"| {plan.memory_bytes / 1e9:.1f} ")
+        return f"| {plan.mesh.replace('x', '×')} | {name} | | | | | | {plan.rejected} |"
+    mesh, rest = _setting(plan).split(" | ", 1)
     if plan.rejected:  # out of memory even at its smallest setting: no time to show
-        return setting + f"| | | | | | | {plan.rejected} |"
-    return setting + (f"| {plan.compute_s:.2f} | {plan.tp_comm_s:.2f} | {plan.dp_comm_s:.2f} "
-                      f"| {plan.bubble_fraction:.1%} | {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |")
+        return f"{mesh} | {name} | {rest}| | | {plan.rejected} |"
+    return f"{mesh} | {name} | {rest}| {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |"
 
 
-def _table(rows: list[str]) -> str:
-    return "\n".join([HEADER, "|" + " --- |" * HEADER.count(" |"), *rows])
+def _ranking_row(plan: Plan) -> str:
+    return _setting(plan) + (f"| {plan.compute_s:.2f} | {plan.tp_comm_s:.2f} | {plan.dp_comm_s:.2f} "
+                             f"| {plan.bubble_fraction:.1%} | {plan.step_time_s:.2f} | {plan.mfu:.1%} |")
+
+
+def _table(header: str, rows: list[str]) -> str:
+    """The table, narrow enough for the page's column (`handbook-compact` in extra.css), and its legend."""
+    table = "\n".join([header, "|" + " --- |" * header.count(" |"), *rows])
+    return f'<div class="handbook-compact" markdown>\n\n{table}\n\n</div>\n{LEGEND}'
+
 
 
 def mesh_ranking() -> str:
-    """The fastest meshes that run, best setting of each."""
+    """The fastest meshes that run, best setting of each, and where their step's time goes."""
     runs = [plan for plan in best_per_mesh(search()) if not plan.rejected]
-    return _table([_row(plan) for plan in runs[:RANKED_ROWS]])
+    return _table(RANKING_HEADER, [_ranking_row(plan) for plan in runs[:RANKED_ROWS]])
 
 
 def mesh_landmarks() -> str:
     """The named meshes, each at its best setting or with the reason none runs."""
     best = {plan.mesh: plan for plan in best_per_mesh(search())}
-    return _table([_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
+    return _table(LANDMARK_HEADER, [_landmark_row(best[mesh], name) for mesh, name in LANDMARKS.items()])
 
 
 def _memory_grid(name: str) -> str:
     """Per-rank peak by PyTorch's tracker and by the calculator, one row per configuration."""
-    path = Path(__file__).resolve().parents[1] / "data" / f"{name}.json"
-    record = json.loads(path.read_text(encoding="utf-8"))
+    record = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
     gib = 2**30
     rows = ["| Configuration | Tracker peak (GiB) | Calculator (GiB) | Error |", "| --- | --- | --- | --- |"]
     # Rounded before formatting so that an error of -1e-9 reads +0.00%, not -0.00%.
@@ -71,6 +90,19 @@ def _memory_grid(name: str) -> str:
     worst = max(abs(r["error"]) for r in record["data"]["rows"])
     rows.append(f"\n{len(record['data']['rows'])} configurations, largest error {worst:.2%}; torch "
                 f"{record['torch']}, {record['device']}, {record['date']}, commit {record['commit']}. "
+                f"Regenerate with `{record['command']}`.")
+    return "\n".join(rows)
+
+
+def pipeline_bubble() -> str:
+    """Each schedule and micro-batch count of the measured pipeline run, with its metadata."""
+    record = json.loads((DATA / "pipeline.json").read_text(encoding="utf-8"))
+    rows = ["| Schedule | m | Step (s) | Busy (s) | Idle, measured | Idle, formula |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    rows += [f"| {SCHEDULES[c['schedule']]} | {c['microbatches']} | {c['step_s']:.3f} | {c['busy_s']:.3f} "
+             f"| {c['measured_idle']:.3f} | {c['formula_idle']:.3f} |" for c in record["data"]["cases"]]
+    rows.append(f"\n{record['data']['pp_degree']} stages, fastest of {record['data']['rounds']} steps per case; "
+                f"torch {record['torch']}, {record['device']}, {record['date']}, commit {record['commit']}. "
                 f"Regenerate with `{record['command']}`.")
     return "\n".join(rows)
 
@@ -86,7 +118,8 @@ def memory_grid_reduced() -> str:
 
 
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
-                                        "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced}
+                                        "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
+                                        "pipeline_bubble": pipeline_bubble}
 
 
 def table(name: str) -> str:

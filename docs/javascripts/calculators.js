@@ -19,6 +19,7 @@
 
   var STRATEGIES = ["ddp", "zero1", "zero2", "zero3", "fsdp"];
   var GRAD_SYNCS = ["last", "every"];
+  var PIPELINE_SCHEDULES = ["1f1b", "zero_bubble", "zbv"];
   var MAX_COST_OVER_MTBF = 100;
 
   // ------------------------------------------------------------ validation (as calc.py)
@@ -293,14 +294,33 @@
   }
 
   function pipeline_bubble(inputs) {
-    var x = bind("pipeline_bubble", inputs, ["stages", "microbatches"], {interleave: 1});
+    var x = bind("pipeline_bubble", inputs, ["stages", "microbatches"], {interleave: 1, schedule: "1f1b"});
     var p = count("stages", x.stages), m = count("microbatches", x.microbatches);
     var v = count("interleave", x.interleave);
-    if (v > 1 && m % p) {
+    if (PIPELINE_SCHEDULES.indexOf(x.schedule) < 0) {
+      throw new Error("schedule must be one of " + PIPELINE_SCHEDULES.join(", ") + ", got " + repr(x.schedule));
+    }
+    if (x.schedule === "zbv" && v !== 2) {
+      throw new Error("the zbv schedule runs 2 chunks per stage: interleave must be 2, got " + v);
+    }
+    if (x.schedule === "zero_bubble" && m % p) {
+      throw new Error("the zero_bubble schedule needs microbatches (" + m + ") to be a multiple of stages (" + p + ")");
+    }
+    if (x.schedule === "1f1b" && v > 1 && m % p) {
       throw new Error("an interleaved schedule needs microbatches (" + m + ") to be a multiple of stages (" + p + ")");
     }
-    var bubble = (p - 1) / (v * m + p - 1);
-    return {bubble_fraction: bubble, bubble_over_ideal: (p - 1) / (v * m), efficiency: 1 - bubble};
+    // Idle and busy time per stage: for "1f1b" in slots of a chunk's forward and backward,
+    // for the zero-bubble schedules in units of a forward (as calc.py).
+    var idle, busy;
+    if (x.schedule === "1f1b") {
+      idle = p - 1; busy = v * m;
+    } else if (x.schedule === "zero_bubble") {
+      idle = p - 1; busy = 3 * v * m;
+    } else {
+      idle = Math.max(p - 1, 2 * (2 * p - 1 - m)); busy = 6 * m;
+    }
+    var bubble = idle / (busy + idle);
+    return {bubble_fraction: bubble, bubble_over_ideal: idle / busy, efficiency: 1 - bubble};
   }
 
   function checkpoint_interval(inputs) {
@@ -539,7 +559,8 @@
       fields: [
         ["stages", "Stages p", "number", 4],
         ["microbatches", "Micro-batches m", "number", 16],
-        ["interleave", "Chunks per stage v", "number", 1]
+        ["interleave", "Chunks per stage v", "number", 1],
+        ["schedule", "Schedule (zbv: v = 2)", PIPELINE_SCHEDULES, "1f1b"]
       ],
       outputs: [
         ["bubble_fraction", "Bubble, share of the step", "percent"],

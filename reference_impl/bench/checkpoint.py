@@ -1,4 +1,5 @@
-"""`bench checkpoint`: our save and restore against raw torch.save/torch.load, and SIGKILL recovery."""
+"""`bench checkpoint`: our save and restore against raw torch.save/torch.load and the disk's
+own write+fsync, and SIGKILL recovery against a bare torchrun restart."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from reference_impl.bench.common import (
     timed,
     trained_state,
 )
+from reference_impl.bench.floors import disk_write_floor, restart_floor
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
@@ -61,7 +63,10 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
       sampler, fsync and XXH3 of every file, read back from the page cache, manifest, atomic rename);
     * raw: `torch.save({"model": ..., "optimizer": ...}, path)`, without fsync: the data
       may still be in the page cache when the clock stops;
-    * raw+fsync: the same followed by `os.fsync` of the file, a durable baseline.
+    * raw+fsync: the same followed by `os.fsync` of the file, a durable baseline;
+    * floor: the disk writing and fsyncing as many bytes as our checkpoint holds, with
+      `O_DIRECT` where the file system allows it
+      ([`disk_write_floor`][reference_impl.bench.floors.disk_write_floor]).
 
     Then the newest files are restored, in interleaved rounds: ours with
     `CheckpointManager.restore` (verify every file's XXH3, load with `weights_only=True`,
@@ -112,9 +117,18 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
         settle(ctx)
         return timed(fn)
 
+    def save_floor() -> float:
+        settle(ctx)
+        seconds, method = disk_write_floor(root, checkpoint_bytes)
+        floor_methods.add(method)
+        return seconds
+
     try:
+        save_ours()  # untimed: how many bytes a checkpoint of this state holds
+        checkpoint_bytes = sum(f.stat().st_size for _, step_dir in ckpt.steps() for f in step_dir.rglob("*"))
+        floor_methods: set[str] = set()
         save_cases: dict[str, Callable[[], float]] = {"ours": save_ours, "raw": partial(save_raw, False),
-                                                      "raw_fsync": partial(save_raw, True)}
+                                                      "raw_fsync": partial(save_raw, True), "floor": save_floor}
         saves = interleave(rounds, save_cases)
         restores = interleave(rounds, {"ours": partial(restore, lambda: ckpt.restore(state, ckpt_cfg, ctx)),
                                        "raw": partial(restore, load_raw)})
@@ -125,12 +139,14 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     restore_s = {name: median(t) for name, t in restores.items()}
     return {
         "hidden_dim": cfg.hidden_dim, "params": sum(p.numel() for p in state.model.parameters()),
-        "state_bytes": state_bytes,
+        "state_bytes": state_bytes, "checkpoint_bytes": checkpoint_bytes,
         "save_ours_s": round(save_s["ours"], 4), "save_raw_s": round(save_s["raw"], 4),
-        "save_raw_fsync_s": round(save_s["raw_fsync"], 4),
+        "save_raw_fsync_s": round(save_s["raw_fsync"], 4), "save_floor_s": round(save_s["floor"], 4),
+        "floor_method": "/".join(sorted(floor_methods)),
         "restore_ours_s": round(restore_s["ours"], 4), "restore_raw_s": round(restore_s["raw"], 4),
         "save_ratio": round(save_s["ours"] / save_s["raw"], 4),
         "save_ratio_fsync": round(save_s["ours"] / save_s["raw_fsync"], 4),
+        "save_floor_ratio": round(save_s["ours"] / save_s["floor"], 4),
         "restore_ratio": round(restore_s["ours"] / restore_s["raw"], 4),
     }
 
@@ -208,22 +224,30 @@ def checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     for hidden_dim in args.hidden_dims:
         sizes.append(checkpoint_round_trip(replace(cfg, hidden_dim=hidden_dim), args.rounds))
         gc.collect()
-    restored, resumed = zip(*(recovery_run() for _ in range(args.rounds)), strict=True)
+    runs, floors = [], []
+    for _ in range(args.rounds):  # alternated, so drifting load reaches both alike
+        runs.append(recovery_run())
+        floors.append(restart_floor(RECOVERY_TIMEOUT_S))
+    restored, resumed = zip(*runs, strict=True)
+    floor = median(floors)
     rows: list[list[Any]] = []
     for s in sizes:
         size = [f"{s['params'] / 1e6:.1f}M", f"{s['state_bytes'] / 1e6:.0f}"]
-        rows.append([*size, "save", s["save_ours_s"], s["save_raw_s"], s["save_raw_fsync_s"],
-                     s["save_ratio"], s["save_ratio_fsync"]])
-        rows.append([*size, "restore", s["restore_ours_s"], s["restore_raw_s"], "", s["restore_ratio"], ""])
-    rows.append(["2 ranks", "", "SIGKILL->restored", median(restored), "", "", "", ""])
-    rows.append(["2 ranks", "", "SIGKILL->1st step", median(resumed), "", "", "", ""])
-    return report("checkpoint", ["params", "MB", "operation", "ours s", "raw s", "raw+fsync s",
-                                 "ours/raw", "ours/(raw+fsync)"], rows, {
+        rows.append([*size, "save", s["save_ours_s"], s["save_raw_s"], s["save_raw_fsync_s"], s["save_floor_s"],
+                     s["save_ratio"], s["save_ratio_fsync"], s["save_floor_ratio"]])
+        rows.append([*size, "restore", s["restore_ours_s"], s["restore_raw_s"], "", "", s["restore_ratio"], "", ""])
+    rows.append(["2 ranks", "", "SIGKILL->restored", median(restored), "", "", "", "", "", ""])
+    rows.append(["2 ranks", "", "SIGKILL->1st step", median(resumed), "", "", floor, "", "", median(resumed) / floor])
+    return report("checkpoint", ["params", "MB", "operation", "ours s", "raw s", "raw+fsync s", "floor s",
+                                 "ours/raw", "ours/(raw+fsync)", "ours/floor"], rows, {
         "sizes": sizes,
         "max_save_ratio": max(s["save_ratio"] for s in sizes),
         "max_save_ratio_fsync": max(s["save_ratio_fsync"] for s in sizes),
+        "max_save_floor_ratio": max(s["save_floor_ratio"] for s in sizes),
         "max_restore_ratio": max(s["restore_ratio"] for s in sizes),
         "recovery_restored_s": round(median(restored), 3), "recovery_s": round(median(resumed), 3),
-        "recovery_s_all": [round(t, 3) for t in resumed], "raw_save_fsync": False,
+        "recovery_s_all": [round(t, 3) for t in resumed],
+        "recovery_floor_s": round(floor, 3), "recovery_floor_s_all": [round(t, 3) for t in floors],
+        "recovery_floor_ratio": round(median(resumed) / floor, 4), "raw_save_fsync": False,
         "rounds": args.rounds, "model": cfg.model, "config_digest": cfg.digest(),
     })

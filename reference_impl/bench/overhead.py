@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -25,6 +26,9 @@ def _add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
     # One thread by default: on a small shared machine a spinning intra-op pool turns
     # other processes' load into noise far larger than the overhead being measured.
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--tiny-steps", type=int, default=500,
+                        help="steps per loop and round on the tiny model that isolates the fixed "
+                             "per-step cost (0 skips it)")
 
 
 def bare_loop(cfg: TrainConfig) -> tuple[float, float]:
@@ -79,30 +83,52 @@ def overhead(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
 
     One untimed warm-up of each comes first (thread pools, allocator). Each round then
     runs both loops, alternating which goes first, so drift in machine load lands on
-    both sides.
+    both sides. The per-round ratios give the spread, to read beside the effect.
+
+    A second comparison on a tiny model (hidden size 8, micro-batch 2), where the math
+    costs almost nothing, gives the trainer's fixed cost per step: its CPU time per step
+    minus the bare loop's, in microseconds, with the spread over rounds.
 
     Args:
-        args: `--rounds` and `--threads`.
+        args: `--rounds`, `--threads` and `--tiny-steps`.
         cfg: The run both loops train; `max_steps` is the steps per loop and round.
     """
     if cfg.world_size != 1 or cfg.grad_accum_steps != 1:
         raise ConfigError("overhead compares single-process loops without accumulation")
     torch.set_num_threads(args.threads)
-    loops = {"trainer": trainer_loop, "bare": bare_loop}
-    for fn in loops.values():
-        fn(cfg)
-    timings = interleave(args.rounds, {name: partial(fn, cfg) for name, fn in loops.items()})
-    wall = {name: [w for w, _ in t] for name, t in timings.items()}
-    cpu = {name: [c for _, c in t] for name, t in timings.items()}
-    ms = {name: median(t) * 1e3 for name, t in wall.items()}
-    cpu_ms = {name: median(t) * 1e3 for name, t in cpu.items()}
-    ratio, cpu_ratio = ms["trainer"] / ms["bare"], cpu_ms["trainer"] / cpu_ms["bare"]
-    rows = [[name, ms[name], min(wall[name]) * 1e3, max(wall[name]) * 1e3, cpu_ms[name]] for name in loops]
-    rows.append(["trainer/bare", ratio, "", "", cpu_ratio])
+    main = _compare(cfg, args.rounds)
+    ratios = [t / b for t, b in zip(main["wall"]["trainer"], main["wall"]["bare"], strict=True)]
+    rows = [[name, main["ms"][name], min(main["wall"][name]) * 1e3, max(main["wall"][name]) * 1e3,
+             main["cpu_ms"][name]] for name in ("trainer", "bare")]
+    ratio = main["ms"]["trainer"] / main["ms"]["bare"]
+    cpu_ratio = main["cpu_ms"]["trainer"] / main["cpu_ms"]["bare"]
+    rows.append(["trainer/bare", ratio, min(ratios), max(ratios), cpu_ratio])
+    extra: dict[str, Any] = {}
+    if args.tiny_steps > 0:
+        tiny = _compare(replace(cfg, hidden_dim=8, micro_batch_size=2, max_steps=args.tiny_steps), args.rounds)
+        fixed = [(t - b) * 1e6 for t, b in zip(tiny["cpu"]["trainer"], tiny["cpu"]["bare"], strict=True)]
+        rows.append(["tiny: trainer - bare (µs CPU)", median(fixed), min(fixed), max(fixed), ""])
+        extra = {"fixed_us_per_step": round(median(fixed), 1), "fixed_us_min": round(min(fixed), 1),
+                 "fixed_us_max": round(max(fixed), 1), "tiny_steps": args.tiny_steps}
     return report("overhead", ["loop", "median ms/step", "min", "max", "cpu ms/step"], rows, {
         "ratio": round(ratio, 4), "cpu_ratio": round(cpu_ratio, 4),
-        "trainer_ms_per_step": round(ms["trainer"], 4), "bare_ms_per_step": round(ms["bare"], 4),
+        "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+        "trainer_ms_per_step": round(main["ms"]["trainer"], 4), "bare_ms_per_step": round(main["ms"]["bare"], 4),
+        **extra,
         "rounds": args.rounds, "steps": cfg.max_steps, "model": cfg.model,
         "micro_batch_size": cfg.micro_batch_size, "threads": args.threads,
         "config_digest": cfg.digest(),
     })
+
+
+def _compare(cfg: TrainConfig, rounds: int) -> dict[str, dict[str, Any]]:
+    """Both loops on `cfg`: one warm-up each, then `rounds` interleaved rounds; per-round
+    wall and CPU seconds per step, and their medians in milliseconds."""
+    loops = {"trainer": trainer_loop, "bare": bare_loop}
+    for fn in loops.values():
+        fn(cfg)
+    timings = interleave(rounds, {name: partial(fn, cfg) for name, fn in loops.items()})
+    wall = {name: [w for w, _ in t] for name, t in timings.items()}
+    cpu = {name: [c for _, c in t] for name, t in timings.items()}
+    return {"wall": wall, "cpu": cpu, "ms": {name: median(t) * 1e3 for name, t in wall.items()},
+            "cpu_ms": {name: median(t) * 1e3 for name, t in cpu.items()}}

@@ -91,8 +91,14 @@ def _pp_comm(rng: random.Random) -> dict:
 
 def _pipeline_bubble(rng: random.Random) -> dict:
     stages, interleave = rng.randint(1, 64), rng.choice([1, 1, 2, 3, 4, 8])
+    schedule = rng.choice(["1f1b", "1f1b", "zero_bubble", "zbv"])
+    if schedule == "zbv":
+        return {"stages": stages, "microbatches": rng.randint(1, 256), "interleave": 2, "schedule": schedule}
+    if schedule == "zero_bubble":
+        return {"stages": stages, "microbatches": stages * rng.randint(1, 64), "interleave": interleave,
+                "schedule": schedule}
     if interleave == 1:
-        return _maybe(rng, {"stages": stages, "microbatches": rng.randint(1, 1024)}, interleave=1)
+        return _maybe(rng, {"stages": stages, "microbatches": rng.randint(1, 1024)}, interleave=1, schedule="1f1b")
     return {"stages": stages, "microbatches": stages * rng.randint(1, 64), "interleave": interleave}
 
 
@@ -173,7 +179,12 @@ def test_browser_twin_matches_python(page, name: str) -> None:
 
 def test_bad_inputs_throw_the_python_message(page) -> None:
     cases = BAD_INPUTS + [("ring_allreduce", {"size_bytes": 1e9, "world_size": 4}, None),
-                          ("pipeline_bubble", {"stages": 4, "microbatches": 8, "stage": 2}, None)]
+                          ("pipeline_bubble", {"stages": 4, "microbatches": 8, "stage": 2}, None),
+                          ("pipeline_bubble", {"stages": 4, "microbatches": 8, "schedule": "ZB"}, None),
+                          ("pipeline_bubble", {"stages": 4, "microbatches": 8, "schedule": "zbv"}, None),
+                          ("pipeline_bubble", {"stages": 4, "microbatches": 6, "schedule": "zero_bubble"}, None),
+                          ("pipeline_bubble", {"stages": 4, "microbatches": 6, "interleave": 2, "schedule": "zbv",
+                                               "extra": 1}, None)]
     answers = page.evaluate(RUN_ALL, [[name, inputs] for name, inputs, _ in cases])
     for (name, inputs, _), js in zip(cases, answers):
         with pytest.raises((ValueError, TypeError)) as python:  # TypeError: a missing or unknown input

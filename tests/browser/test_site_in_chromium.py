@@ -217,3 +217,30 @@ def test_diagrams_render_after_instant_navigation(browser, server, built_site: P
     finally:
         context.close()
     assert not problems.items, "\n".join(problems.items)
+
+
+# Material wraps each table in a scrolling box as wide as the content column: a wider table
+# scrolls sideways there, and its right-hand columns (the verdicts) are out of sight.
+OVERFLOWING_TABLES = """
+() => Array.from(document.querySelectorAll("article table")).map((table) => {
+  const box = table.closest(".md-typeset__scrollwrap") || table.parentElement;
+  return {width: table.scrollWidth, column: box.clientWidth,
+          header: Array.from(table.querySelectorAll("th"), (th) => th.textContent).join(" | ")};
+}).filter((t) => t.width > t.column)
+"""
+
+
+def test_the_parallelism_pages_tables_fit_their_column_at_desktop_width(browser, server):
+    """The 70B plan's mesh tables and every other table on the playbook fit the 720 px
+    content column of a 1280 px window without scrolling sideways."""
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "foundations/parallelism/", wait_until="load")
+        column = page.evaluate("() => document.querySelector('.md-typeset__scrollwrap').clientWidth")
+        overflowing = page.evaluate(OVERFLOWING_TABLES)
+    finally:
+        context.close()
+    assert 680 <= column <= 760, f"content column {column} px at 1280 px: the check's premise changed"
+    assert not overflowing, "\n".join(f"{t['width']} px > {t['column']} px: {t['header']}" for t in overflowing)
+    assert not problems.items, "\n".join(problems.items)

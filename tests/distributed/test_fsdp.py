@@ -129,15 +129,16 @@ def test_sigkill_and_resume_under_fsdp_is_bit_exact(reference: tuple[Run, Path],
     assert run.digest() == reference[0].digest()
 
 
-def restored_digest(ckpt: Path, tmp: Path, *flags: str) -> str:
-    """Digest of the step-10 checkpoint of `ckpt`, restored by a 1-process run (no training)."""
-    copy = tmp / "copy"
+def restored_digest(ckpt: Path, tmp: Path, *flags: str, step: int = 10) -> str:
+    """Digest of the checkpoint of `step` in `ckpt`, restored by a 1-process run (no training)."""
+    copy = tmp / f"copy{step}"
     copy.mkdir(parents=True)
-    shutil.copytree(ckpt / "step-00000010", copy / "step-00000010")  # a symlinked step is refused
-    run = python_module([*FSDP, *ONE, "--max-steps", "10", "--allow-config-change", "max_steps",
+    name = f"step-{step:08d}"
+    shutil.copytree(ckpt / name, copy / name)  # a symlinked step is refused
+    run = python_module([*FSDP, *ONE, "--max-steps", str(step), "--allow-config-change", "max_steps",
                          "--checkpoint-dir", str(copy), *flags], timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.of("checkpoint_restored")[0]["step"] == 10
+    assert run.of("checkpoint_restored")[0]["step"] == step
     return run.digest()
 
 
@@ -148,7 +149,10 @@ def test_an_async_checkpoint_loads_to_the_same_tensors_as_a_sync_one(
     saved = run.of("checkpoint_saved")
     assert [e["step"] for e in saved] == [10, 20] and all("blocked_s" in e for e in saved)
     assert run.digest() == reference[0].digest()
-    assert restored_digest(tmp_path / "async", tmp_path / "a") == restored_digest(reference[1], tmp_path / "s")
+    # The second save reuses the first one's staging buffers: it must hold step 20, not 10.
+    for step in (10, 20):
+        assert (restored_digest(tmp_path / "async", tmp_path / "a", step=step)
+                == restored_digest(reference[1], tmp_path / "s", step=step)), step
 
 
 @pytest.mark.slow

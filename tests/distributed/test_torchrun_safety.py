@@ -15,7 +15,7 @@ import pytest
 from launch import REPO, descendants, kill_tree, python_module, torchrun
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.launch import torchrun_command
-from reference_impl.lifecycle import PREEMPTED_EXIT
+from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, PREEMPTED_EXIT
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
@@ -100,16 +100,17 @@ def test_workers_die_with_an_agent_sigkilled_while_they_import(tmp_path: Path) -
         pass
 
 
-@pytest.mark.slow
 @pytest.mark.slow  # three torchrun launches: a reference, the stopped attempt and its restart
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_exactly(tmp_path: Path) -> None:
     reference = torchrun([*BASE, "--checkpoint-dir", str(tmp_path / "reference")])
     run = torchrun([*BASE, "--fail-mode", "sigterm", "--fail-at-step", "15", "--fail-rank", "1",
                     "--checkpoint-dir", str(tmp_path / "ckpt")], max_restarts=1)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert [e["step"] for e in run.of("preempted")] == [15]
-    assert [e["step"] for e in run.of("checkpoint_saved")][:2] == [10, 15]
-    assert [e["step"] for e in run.of("checkpoint_restored")] == [15], "torchrun restarted the stopped group"
+    stopped = [e["step"] for e in run.of("preempted")]
+    assert len(stopped) == 1 and 15 <= stopped[0] <= 15 + AGREE_AT_LEAST_EVERY + 1, stopped
+    saved = [e["step"] for e in run.of("checkpoint_saved")]
+    assert saved[:saved.index(stopped[0]) + 1] == [s for s in (10, 20) if s < stopped[0]] + stopped
+    assert [e["step"] for e in run.of("checkpoint_restored")] == stopped, "torchrun restarted the stopped group"
     assert run.digest() == reference.digest()
 
 

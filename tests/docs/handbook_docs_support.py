@@ -7,7 +7,9 @@ each of them sees the Markdown exactly as `mkdocs build` does.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
+import json
 import os
 import re
 import shutil
@@ -152,9 +154,33 @@ class SiteBuild:
 
 @functools.lru_cache(maxsize=1)
 def build_site() -> SiteBuild:
-    """Run `mkdocs build --strict` once into a temporary directory and remember the result."""
-    out = Path(tempfile.mkdtemp(prefix="handbook-site-"))
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    """Run `mkdocs build --strict` once per test run and remember the result.
+
+    Under pytest-xdist the workers of one run share a single build: the first to take the
+    lock builds into a directory named by the run's id and records the outcome; the others
+    wait on the lock and read it. Outside xdist each process builds into its own directory.
+    """
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id:
+        out = Path(tempfile.mkdtemp(prefix="handbook-site-"))
+        atexit.register(shutil.rmtree, out, ignore_errors=True)
+        return _build_into(out)
+    shared = Path(tempfile.gettempdir()) / f"handbook-site-{run_id}"
+    shared.mkdir(exist_ok=True)
+    outcome = shared / "build.json"
+    with open(shared / "lock", "w") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)  # released when the file closes, also if we die
+        if not outcome.exists():
+            _remove_old_shared_builds(keep=shared)
+            build = _build_into(shared / "site")
+            outcome.write_text(json.dumps({"returncode": build.returncode, "output": build.output,
+                                           "seconds": build.seconds}))
+    # No atexit removal: another worker may still be reading the site when this one exits.
+    recorded = json.loads(outcome.read_text())
+    return SiteBuild(recorded["returncode"], recorded["output"], shared / "site", recorded["seconds"])
+
+
+def _build_into(out: Path) -> SiteBuild:
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     started = time.perf_counter()
     proc = subprocess.run(
@@ -163,6 +189,16 @@ def build_site() -> SiteBuild:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     return SiteBuild(proc.returncode, proc.stdout + proc.stderr, out, time.perf_counter() - started)
+
+
+def _remove_old_shared_builds(keep: Path, older_than_s: float = 6 * 3600) -> None:
+    """Earlier runs' shared builds, once no run can still be using them."""
+    for old in Path(tempfile.gettempdir()).glob("handbook-site-*"):
+        try:
+            if old != keep and time.time() - old.stat().st_mtime > older_than_s:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def html_pages(site_dir: Path) -> list[Path]:

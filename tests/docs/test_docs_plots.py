@@ -87,6 +87,27 @@ def test_memory_curves_are_calc_memory() -> None:
             assert point == calc.memory(strategy=stage, **shape, **d["inputs"])
 
 
+def test_memory_plot_counts_gb_as_the_page_does_and_names_its_shapes() -> None:
+    """The memory plot's axis is in GB of 10^9 bytes, as the page's text and its 80 GB line;
+    its 70B point is Llama-2-70B's shape and the labels say so, not "GPT-3 shapes"."""
+    from matplotlib.figure import Figure
+
+    d = record("memory")["data"]
+    fig = Figure()
+    plots._memory(fig, d)
+    ax = fig.axes[0]
+    assert ax.get_ylabel().startswith("GB (10⁹ bytes) per GPU")
+    curves, (limit,) = ax.get_lines()[:4], ax.get_lines()[4:]
+    for line, points in zip(curves, d["curves"].values(), strict=True):
+        assert list(line.get_ydata()) == [p["total_bytes"] / 1e9 for p in points]
+    assert list(limit.get_ydata()) == [80, 80]
+    seventy = next(m for m in d["models"] if m["name"] == "70B")
+    assert (seventy["hidden"], seventy["n_layers"], seventy["n_heads"]) == (8192, 80, 64)  # Llama-2-70B
+    assert "Llama-2-70B" in ax.get_xlabel() and "Llama-2-70B" in plots.PLOTS["memory"][2]
+    assert "GPT-3 shapes" not in ax.get_xlabel()
+    assert "80 GB GPU" in (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+
+
 def test_allreduce_formula_is_calc_ring_allreduce() -> None:
     d = record("allreduce")["data"]
     sizes = d["sizes_bytes"]

@@ -87,3 +87,19 @@ def test_the_site_ships_an_anki_deck_with_one_card_per_question(built_site: Path
             assert test in source, f"the card for {card['question']!r} must link {test}"
     page = (built_site / "interview" / "hard-questions" / "index.html").read_text(encoding="utf-8")
     assert 'href="../hard-questions.apkg"' in page
+
+
+def test_deck_links_use_the_published_address_never_the_local_server(tmp_path: Path) -> None:
+    """A card carried to a phone must open its page: the loopback address `mkdocs serve`
+    uses is replaced by the repository's Pages address, or by the page's name."""
+    repo = "https://github.com/Example-Org/handbook"
+    assert handbook.published_url("https://handbook.example/docs", repo) == "https://handbook.example/docs/"
+    for local in ("http://127.0.0.1:8000/", "http://localhost:8000/", None):
+        assert handbook.published_url(local, repo) == "https://example-org.github.io/handbook/"
+        assert handbook.published_url(local, None) is None
+    handbook.build_deck(tmp_path / "pages.apkg", "http://127.0.0.1:8000/", repo)
+    handbook.build_deck(tmp_path / "named.apkg", "http://127.0.0.1:8000/", None)
+    pages = [note[2] for note in _deck_notes(tmp_path / "pages.apkg", tmp_path / "a")]
+    named = [note[2] for note in _deck_notes(tmp_path / "named.apkg", tmp_path / "b")]
+    assert all('href="https://example-org.github.io/handbook/' in source for source in pages)
+    assert all("127.0.0.1" not in source and "<code>" in source for source in named)

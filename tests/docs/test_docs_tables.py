@@ -80,30 +80,37 @@ def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> No
     assert marks == set(_computed_tables())
 
 
-@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks"])
+@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble"])
 def test_computed_tables_are_well_formed(name: str) -> None:
     assert table_problems(_computed_tables()[name].splitlines(), name) == []
+
+
+def _body_rows(name: str) -> list[str]:
+    """The rows of a computed table under its header and delimiter."""
+    return [line for line in _computed_tables()[name].splitlines() if line.startswith("|")][2:]
 
 
 def test_the_mesh_tables_show_what_the_search_computes() -> None:
     from reference_impl.plan import best_per_mesh, search
 
-    ranking = _computed_tables()["mesh_ranking"].splitlines()[2:]
+    ranking = _body_rows("mesh_ranking")
     best = best_per_mesh(search())
-    assert len(ranking) == 6
-    for row, plan in zip(ranking, best):
-        assert row.startswith(f"| {plan.mesh.replace('x', ' × ')} | {plan.micro_batch} |")
-        assert f"| {plan.step_time_s:.2f} | {plan.mfu:.1%} | runs |" in row
-    landmarks = dict(line.split(" | ", 1) for line in _computed_tables()["mesh_landmarks"].splitlines()[2:])
-    assert landmarks["| 64 × 1 × 1 × 1 (DDP)"].endswith("| needs 1127 GB per GPU, over 80 GB |")
-    assert landmarks["| 1 × 4 × 16 × 1 (TP 16 + FSDP2)"].endswith("| TP 16 does not fit in a node of 8 GPUs |")
+    for row, plan in zip(ranking, best[:6], strict=True):
+        assert row.startswith(f"| {plan.mesh.replace('x', '×')} | {plan.micro_batch} |")
+        assert row.endswith(f"| {plan.step_time_s:.2f} | {plan.mfu:.1%} |")
+    landmarks = {row.split(" | ")[1]: row for row in _body_rows("mesh_landmarks")}
+    assert landmarks["DDP"].startswith("| 64×1×1×1 | DDP | 1 | yes | 1140.9 |")
+    assert landmarks["DDP"].endswith("| needs 1141 GB per GPU, over 80 GB |")
+    assert landmarks["TP 16 + FSDP2"].endswith("| TP 16 does not fit in a node of 8 GPUs |")
+    assert all(table.endswith("GB: the per-GPU peak of `calc.memory`, 10⁹ bytes.")
+               for table in (_computed_tables()["mesh_ranking"], _computed_tables()["mesh_landmarks"]))
 
 
 def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced"
+    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble"
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -123,3 +130,25 @@ def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(na
         assert abs(r["error"]) <= 0.05, r["config"]
     lines = _computed_tables()[name].splitlines()
     assert [line.split(" | ")[0] for line in lines[2:2 + len(rows)]] == [f"| {r['config']}" for r in rows]
+
+
+def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
+    """The measured pipeline table is the data file the plot beside it draws, row for row,
+    and the page's reading of it holds: neither schedule idles less at every m."""
+    import plots
+
+    assert plots.DATA_DIR / "pipeline.json" == support.DOCS / "data" / "pipeline.json"
+    record = plots.load(plots.DATA_DIR / "pipeline.json")
+    cases = record["data"]["cases"]
+    lines = _computed_tables()["pipeline_bubble"].splitlines()[2:2 + len(cases)]
+    rows = [line.strip("| ").split(" | ") for line in lines]
+    assert rows == [[{"gpipe": "GPipe", "1f1b": "1F1B"}[c["schedule"]], str(c["microbatches"]), f"{c['step_s']:.3f}",
+                     f"{c['busy_s']:.3f}", f"{c['measured_idle']:.3f}", f"{c['formula_idle']:.3f}"] for c in cases]
+    assert f"{record['date']}, commit {record['commit']}" in _computed_tables()["pipeline_bubble"]
+    page = (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+    table_at, plot_at = page.index("<!-- table: pipeline_bubble -->"), page.index("<!-- plot: pipeline -->")
+    assert 0 < plot_at - table_at < 1200, "the table and the plot stand together"
+    idle = {(c["schedule"], c["microbatches"]): c["measured_idle"] for c in cases}
+    counts = sorted({m for _, m in idle})
+    assert not all(idle["1f1b", m] < idle["gpipe", m] for m in counts)
+    assert not all(idle["gpipe", m] < idle["1f1b", m] for m in counts)
