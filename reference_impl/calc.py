@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+GRAD_SYNCS = ("last", "every")
 # Pipeline schedule families with one bubble formula each (`pipeline_bubble`).
 PIPELINE_SCHEDULES = ("1f1b", "zero_bubble", "zbv")
 # Above this many MTBFs the failure model's exponentials overflow a double; such a job
@@ -62,7 +63,9 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
            master_bytes: float = 4, optimizer_bytes: float = 8, ffn_hidden: int | None = None,
            gated_mlp: bool = False, n_kv_heads: int | None = None, vocab_size: int = 0,
            tp_degree: int = 1, pp_degree: int = 1, cp_degree: int = 1, sequence_parallel: bool = False,
-           compute_bytes: float = 2, transients: bool = False) -> dict[str, float]:
+           compute_bytes: float = 2, transients: bool = False, selective_recompute: bool = False,
+           offload_optimizer: bool = False, grad_accum_steps: int = 1,
+           fsdp_grad_sync: str = "last") -> dict[str, float]:
     """Memory per GPU for training with Adam: model state, sharded or not, plus activations.
 
     Model state is `params x (param_bytes + grad_bytes + master_bytes + optimizer_bytes)`,
@@ -101,6 +104,22 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     activations are live while it is recomputed. Under a pipeline the first stage holds
     `pp_degree` micro-batches of its `n_layers / pp_degree` layers (1F1B), as many as all
     layers of one micro-batch.
+
+    Selective recompute (Korthikanti et al., §5) stores everything but the attention
+    scores and recomputes them in backward: it removes the `5 x n_heads x seq_len` term
+    (one layer's scores are live while recomputed) and changes nothing with fused
+    attention, whose backward already recomputes the scores. Offloading the optimizer
+    (ZeRO-Offload) moves the master copy and the optimizer state to host memory:
+    `offloaded_bytes`, no longer counted per GPU.
+
+    Gradient accumulation runs `grad_accum_steps` micro-batches per optimizer step. It
+    does not change the activations (each micro-batch's are freed by its backward) or the
+    model state; it multiplies the tokens per step. What it can change is the gradients:
+    when the gradients are sharded (`zero2`, `zero3`, `fsdp`) and the reduce-scatter waits
+    for the last micro-batch (`fsdp_grad_sync="last"`, FSDP2's
+    `set_requires_gradient_sync(False)` and the trainer's default), every rank holds its
+    gradients unsharded between micro-batches; `"every"` keeps them sharded and reduces
+    on every micro-batch.
 
     With `transients` off (the default) the answer is that steady state: model state plus
     stored activations. With it on, `total_bytes` is the per-rank peak of a training step
@@ -154,6 +173,12 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         sequence_parallel: Shard the hidden-sized activations over the tensor-parallel ranks too.
         compute_bytes: Bytes per element of gathered weights and of activations (bf16: 2).
         transients: Count what lives only at the step's peak (see above).
+        selective_recompute: Recompute only the attention scores (excludes
+            `activation_checkpointing`).
+        offload_optimizer: Keep the master copy and the optimizer state in host memory.
+        grad_accum_steps: Micro-batches per optimizer step.
+        fsdp_grad_sync: With accumulation and sharded gradients, reduce-scatter on the
+            `"last"` micro-batch only (unsharded gradients held) or on `"every"` one.
 
     Returns:
         Bytes per GPU: `params_bytes`, `grads_bytes`, `master_bytes`, `optimizer_bytes`,
@@ -162,12 +187,14 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         and `total_bytes`; and the tracker's categories at the peak:
         `sharded_params_bytes`, `sharded_grads_bytes`, `optimizer_state_bytes`,
         `unsharded_params_bytes`, `all_gather_bytes`, `reduce_scatter_bytes`,
-        `temporary_bytes` and `input_bytes` (the token ids).
+        `temporary_bytes` and `input_bytes` (the token ids); `offloaded_bytes` in host
+        memory per rank.
 
     Raises:
         ValueError: A non-positive size, an unknown strategy, or sizes that do not divide
             (`hidden` by `n_heads`, heads by key/value heads or by the TP degree, layers by
-            pipeline stages, the sequence by the context-parallel degree).
+            pipeline stages, the sequence by the context-parallel degree), or both kinds of
+            recompute at once.
     """
     p = _positive("params", params)
     n = _count("world_size", world_size)
@@ -183,15 +210,22 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
              "grads_bytes": _non_negative("grad_bytes", grad_bytes),
              "master_bytes": _non_negative("master_bytes", master_bytes),
              "optimizer_bytes": _non_negative("optimizer_bytes", optimizer_bytes)}
-    f = 4 * h if ffn_hidden is None else _count("FFN hidden size", ffn_hidden)
-    gated = _flag("Gated MLP (SwiGLU)", gated_mlp)
-    kv_heads = a if n_kv_heads is None else _count("Key/value heads", n_kv_heads)
-    vocab = _count("Vocabulary size", vocab_size, 0)
-    t, pp = _count("Tensor-parallel degree", tp_degree), _count("Pipeline stages", pp_degree)
-    cp = _count("Context-parallel degree", cp_degree)
-    sp = _flag("Sequence parallel", sequence_parallel)
-    c = _positive("Bytes per activation", compute_bytes)
-    peak = _flag("Count transients", transients)
+    f = 4 * h if ffn_hidden is None else _count("ffn_hidden", ffn_hidden)
+    gated = _flag("gated_mlp", gated_mlp)
+    kv_heads = a if n_kv_heads is None else _count("n_kv_heads", n_kv_heads)
+    vocab = _count("vocab_size", vocab_size, 0)
+    t, pp = _count("tp_degree", tp_degree), _count("pp_degree", pp_degree)
+    cp = _count("cp_degree", cp_degree)
+    sp = _flag("sequence_parallel", sequence_parallel)
+    c = _positive("compute_bytes", compute_bytes)
+    peak = _flag("transients", transients)
+    selective = _flag("selective_recompute", selective_recompute)
+    offload = _flag("offload_optimizer", offload_optimizer)
+    accum = _count("grad_accum_steps", grad_accum_steps)
+    if fsdp_grad_sync not in GRAD_SYNCS:
+        raise ValueError(f"fsdp_grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {fsdp_grad_sync!r}")
+    if checkpointing and selective:
+        raise ValueError("activation_checkpointing and selective_recompute exclude each other")
     if a % kv_heads:
         raise ValueError(f"Attention heads ({a}) must be a multiple of key/value heads ({kv_heads})")
     if a % t or kv_heads % t:
@@ -204,7 +238,12 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
 
     sharded = {"ddp": (), "zero1": ("master_bytes", "optimizer_bytes"),
                "zero2": ("master_bytes", "optimizer_bytes", "grads_bytes")}.get(strategy, tuple(sizes))
+    if accum > 1 and fsdp_grad_sync == "last":  # accumulated unsharded until the last micro-batch
+        sharded = tuple(key for key in sharded if key != "grads_bytes")
     state = {key: p / (t * pp) * per_param / (n if key in sharded else 1) for key, per_param in sizes.items()}
+    offloaded = state["master_bytes"] + state["optimizer_bytes"] if offload else 0.0
+    if offload:
+        state["master_bytes"] = state["optimizer_bytes"] = 0.0
     model_state = state["params_bytes"] + state["grads_bytes"] + state["master_bytes"] + state["optimizer_bytes"]
 
     tokens = s * b / cp
@@ -214,28 +253,34 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         around, inside = c * 9 * h + 8, c * (h + 2 * kv + 2 * h + 4 * f) + 4 * a
     else:  # Korthikanti's 10 sbh outside the tensor-parallel region, 24 sbh inside
         around, inside = c * 4 * h + 2 * h, c * (2 * h + 2 * kv + 2 * f)
-    per_layer = tokens * (around / sp_divisor + inside / t + (5 * a * s / cp / t if scores else 0))
+    score_bytes = tokens * 5 * a * s / cp / t if scores else 0.0
+    per_layer = tokens * (around / sp_divisor + inside / t) + score_bytes
+    recomputed_scores = score_bytes if selective else 0.0  # one layer's, live while recomputed
+    kept = per_layer - recomputed_scores
     stage_layers = layers // pp
     layer_input = c * tokens * h / sp_divisor
     # 1F1B: the first stage holds pp micro-batches of its layers, as many as n_layers of one.
-    stored = stage_layers * pp * (layer_input if checkpointing else per_layer)
-    activations = stored + per_layer if checkpointing else stored
+    stored = stage_layers * pp * (layer_input if checkpointing else kept)
+    activations = stored + (per_layer if checkpointing else recomputed_scores)
     out = {**state, "model_state_bytes": model_state, "activation_bytes_per_layer": per_layer,
            "activation_bytes": activations, "sharded_params_bytes": state["params_bytes"],
            "sharded_grads_bytes": state["grads_bytes"],
            "optimizer_state_bytes": state["master_bytes"] + state["optimizer_bytes"],
            "unsharded_params_bytes": 0.0, "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
-           "temporary_bytes": 0.0, "input_bytes": 0.0, "total_bytes": model_state + activations}
+           "temporary_bytes": 0.0, "input_bytes": 0.0, "offloaded_bytes": offloaded,
+           "total_bytes": model_state + activations}
     if not peak:
         return out
 
     gathered = strategy in ("zero3", "fsdp") and n > 1
+    # Gradients held from earlier micro-batches when their reduce-scatter is deferred.
+    held = state["grads_bytes"] if gathered and "grads_bytes" not in sharded else None
     block_params = (h * (h + 2 * kv) + h * h + (3 if gated else 2) * h * f) / t + 2 * h
     # Under a pipeline the last stage holds the output projection and the logits, the larger end.
     root_params = (2 if pp == 1 else 1) * vocab * h / t + (h if vocab else 0)
     logits = tokens * vocab / t
     around_root = 5 * layer_input if vocab else 0  # embedding output, final norm's saved tensors
-    loss = {"sharded_grads_bytes": 0.0 if gathered else state["grads_bytes"],
+    loss = {"sharded_grads_bytes": 0.0 if gathered and held is None else state["grads_bytes"],
             "unsharded_params_bytes": c * root_params if gathered else 0.0,
             "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
             "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": 2 * 4 * logits}
@@ -250,8 +295,9 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         attention_params = (h * (h + 2 * kv) + h * h) / t
         output_grad = c * vocab * h / t
         for at in sorted({0, min(1, stage_layers - 1), max(stage_layers - 2, 0), stage_layers - 1}):
-            below = (at + 1) * pp * layer_input if checkpointing else at * pp * per_layer
-            common = {"sharded_grads_bytes": (stage_layers - 1 - at) * block_params * sizes["grads_bytes"] / n,
+            below = (at + 1) * pp * layer_input if checkpointing else at * pp * kept
+            done = (stage_layers - 1 - at) * block_params * sizes["grads_bytes"] / n
+            common = {"sharded_grads_bytes": done if held is None else held,
                       "unsharded_params_bytes": c * (root_params + block_params)}
             gathering = c * block_params if 0 < at < stage_layers - 1 else 0.0
             reducing = sizes["grads_bytes"] * block_params
@@ -574,7 +620,7 @@ def step_time(*, flops_per_sample: float, samples_per_step: float, n_gpus: int,
     work = _positive("flops_per_sample", flops_per_sample) * _positive("samples_per_step", samples_per_step)
     gpus, peak = _count("n_gpus", n_gpus), _positive("peak_flops_per_gpu", peak_flops_per_gpu)
     if _positive("mfu", mfu) > 1:
-        raise ValueError(f"mfu is a fraction and must not exceed 1, got {mfu!r}")
+        raise ValueError(f"mfu must be at most 1, got {mfu!r}")
     time_s = work / (gpus * peak * mfu)
     return {"step_time_s": time_s, "samples_per_s": samples_per_step / time_s,
             "achieved_flops_per_gpu": peak * mfu}

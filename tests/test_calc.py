@@ -173,6 +173,55 @@ def test_activations_follow_korthikanti_with_and_without_checkpointing() -> None
     assert fused["model_state_bytes"] == 16 * 7e9 / 8
 
 
+def test_selective_recompute_drops_the_attention_scores_and_nothing_else() -> None:
+    """Korthikanti's selective recompute: 34·s·b·h per layer, plus one layer's scores while recomputed."""
+    s, b, h, a, layers = 2048, 1, 4096, 32, 32
+    scores = 5 * a * s * s * b
+    for transients in (False, True):
+        common = {"params": 7e9, "world_size": 8, "strategy": "fsdp", "transients": transients, **SHAPE}
+        unfused = calc.memory(stores_attention_scores=True, **common)
+        selective = calc.memory(stores_attention_scores=True, selective_recompute=True, **common)
+        fused = calc.memory(**common)
+        assert selective["activation_bytes_per_layer"] == unfused["activation_bytes_per_layer"]
+        if not transients:
+            assert selective["activation_bytes"] == layers * 34 * s * b * h + scores
+        # Fused attention already recomputes its scores: selective recompute saves nothing more.
+        assert calc.memory(selective_recompute=True, **common) == fused
+        assert fused["total_bytes"] < selective["total_bytes"] < unfused["total_bytes"]
+
+
+def test_offloading_the_optimizer_moves_master_and_moments_to_host_memory() -> None:
+    for strategy, world in (("ddp", 1), ("zero1", 8), ("fsdp", 64)):
+        for transients in (False, True):
+            common = {"params": 7e9, "world_size": world, "strategy": strategy, "transients": transients,
+                      "gated_mlp": True, "vocab_size": 32_000, **SHAPE}
+            on_gpu, offloaded = calc.memory(**common), calc.memory(offload_optimizer=True, **common)
+            moved = on_gpu["master_bytes"] + on_gpu["optimizer_bytes"]
+            assert moved == 12 * 7e9 / world and on_gpu["offloaded_bytes"] == 0
+            assert offloaded["offloaded_bytes"] == moved
+            assert offloaded["master_bytes"] == offloaded["optimizer_bytes"] == offloaded["optimizer_state_bytes"] == 0
+            assert offloaded["total_bytes"] == pytest.approx(on_gpu["total_bytes"] - moved, rel=1e-12)
+
+
+@pytest.mark.parametrize("transients", [False, True])
+def test_gradient_accumulation_changes_only_the_gradients_held_between_micro_batches(transients: bool) -> None:
+    """Activations are per micro-batch; a deferred reduce-scatter holds every gradient unsharded."""
+    for strategy in calc.STRATEGIES:
+        common = {"params": 7e9, "world_size": 64, "strategy": strategy, "transients": transients, **SHAPE}
+        one = calc.memory(**common)
+        every = calc.memory(grad_accum_steps=8, fsdp_grad_sync="every", **common)
+        last = calc.memory(grad_accum_steps=8, fsdp_grad_sync="last", **common)
+        assert every == one and calc.memory(fsdp_grad_sync="every", **common) == one
+        assert last["activation_bytes"] == one["activation_bytes"]
+        assert last["params_bytes"] == one["params_bytes"]
+        assert last["optimizer_bytes"] == one["optimizer_bytes"]
+        if strategy in ("ddp", "zero1"):  # gradients are whole on every rank anyway
+            assert last == one
+        else:
+            assert last["grads_bytes"] == 2 * 7e9 == 64 * one["grads_bytes"]
+            assert last["total_bytes"] > one["total_bytes"] + 0.9 * last["grads_bytes"]
+
+
 def _saved_activation_bytes(n_layers: int, seq_len: int, batch: int, d_model: int) -> int:
     """Bytes autograd saves for backward in a bf16 TinyTransformer with activation checkpointing."""
     torch.manual_seed(0)
@@ -437,11 +486,20 @@ BAD_INPUTS = [
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "cp_degree": 3, **SHAPE},
      "Sequence length (2048) must be a multiple of the context-parallel degree (3)"),
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "vocab_size": -1, **SHAPE},
-     "Vocabulary size must be a whole number >= 0"),
+     "vocab_size must be a whole number >= 0"),
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "ffn_hidden": 0, **SHAPE},
-     "FFN hidden size must be a whole number >= 1"),
+     "ffn_hidden must be a whole number >= 1"),
     ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "transients": "yes", **SHAPE},
-     "Count transients must be true or false"),
+     "transients must be true or false"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "activation_checkpointing": True,
+                "selective_recompute": True, **SHAPE},
+     "activation_checkpointing and selective_recompute exclude each other"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "offload_optimizer": "yes", **SHAPE},
+     "offload_optimizer must be true or false"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "grad_accum_steps": 0, **SHAPE},
+     "grad_accum_steps must be a whole number >= 1"),
+    ("memory", {"params": 1e9, "world_size": 8, "strategy": "fsdp", "fsdp_grad_sync": "first", **SHAPE},
+     "fsdp_grad_sync must be one of last, every"),
     ("ring_allreduce", {"size_bytes": 1e9, "world_size": 1, "bandwidth_bytes_per_s": 1e9},
      "world_size must be a whole number >= 2"),
     ("ring_allreduce", {"size_bytes": 1e9, "world_size": 4, "bandwidth_bytes_per_s": float("inf")},
@@ -466,7 +524,7 @@ BAD_INPUTS = [
     ("mfu", {"flops_per_sample": 1e12, "samples_per_step": 8, "step_time_s": 0, "n_gpus": 1,
              "peak_flops_per_gpu": 1e15}, "step_time_s must be positive"),
     ("step_time", {"flops_per_sample": 1e12, "samples_per_step": 8, "n_gpus": 1, "peak_flops_per_gpu": 1e15,
-                   "mfu": 1.5}, "mfu is a fraction and must not exceed 1"),
+                   "mfu": 1.5}, "mfu must be at most 1"),
 ]
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 from urllib.parse import urlparse
 from typing import Any
 
+from mkdocs.utils.meta import get_data
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "reference_impl" / "notebook.py"
 COMMITTED = ROOT / "notebooks" / "interview_trainer.ipynb"  # what Colab opens
@@ -159,7 +161,12 @@ def assemble_all_in_one(markdown: str) -> str:
     shown: set[str] = set()
     return PAGE_INCLUDE.sub(
         lambda m: _name_tables(_plain_code(_show_code_once(_demote_headings(
-            (ROOT / m["path"]).read_text(encoding="utf-8")), shown)), m["path"]), markdown)
+            _body((ROOT / m["path"]).read_text(encoding="utf-8"))), shown)), m["path"]), markdown)
+
+
+def _body(page: str) -> str:
+    """A page without its front matter (its search boost is its own page's, not this one's)."""
+    return get_data(page)[0]
 
 
 def _name_tables(text: str, path: str) -> str:

@@ -6,15 +6,19 @@
  * same keys as the Python dict; tests/browser/test_calculators.py compares the two on
  * hundreds of random inputs. A bad input THROWS an Error whose message is the Python
  * ValueError's (a missing or unknown key throws too, as Python's TypeError would); the
- * forms catch it and show the message instead of a result.
+ * forms catch it and show it instead of a result, in their own words: the field's label
+ * and shown unit in place of the input's name.
  *
  * Each <div class="handbook-calc" data-calc="NAME"> on a page gets a form for NAME that
- * recomputes on every keystroke. Plain JavaScript, no dependencies: the site works offline.
+ * recomputes on every keystroke, keeps its headline result in view beside the fields, and
+ * flags a result no machine can reach instead of printing it. Plain JavaScript, no
+ * dependencies: the site works offline.
  */
 (function () {
   "use strict";
 
   var STRATEGIES = ["ddp", "zero1", "zero2", "zero3", "fsdp"];
+  var GRAD_SYNCS = ["last", "every"];
   var PIPELINE_SCHEDULES = ["1f1b", "zero_bubble", "zbv"];
   var MAX_COST_OVER_MTBF = 100;
 
@@ -81,7 +85,8 @@
       {activation_checkpointing: false, stores_attention_scores: false, param_bytes: 2, grad_bytes: 2,
         master_bytes: 4, optimizer_bytes: 8, ffn_hidden: null, gated_mlp: false, n_kv_heads: null,
         vocab_size: 0, tp_degree: 1, pp_degree: 1, cp_degree: 1, sequence_parallel: false,
-        compute_bytes: 2, transients: false});
+        compute_bytes: 2, transients: false, selective_recompute: false, offload_optimizer: false,
+        grad_accum_steps: 1, fsdp_grad_sync: "last"});
     var p = positive("params", x.params);
     var n = count("world_size", x.world_size);
     if (STRATEGIES.indexOf(x.strategy) < 0) {
@@ -98,15 +103,24 @@
       master_bytes: nonNegative("master_bytes", x.master_bytes),
       optimizer_bytes: nonNegative("optimizer_bytes", x.optimizer_bytes)
     };
-    var f = x.ffn_hidden === null ? 4 * h : count("FFN hidden size", x.ffn_hidden);
-    var gated = flag("Gated MLP (SwiGLU)", x.gated_mlp);
-    var kvHeads = x.n_kv_heads === null ? a : count("Key/value heads", x.n_kv_heads);
-    var vocab = count("Vocabulary size", x.vocab_size, 0);
-    var t = count("Tensor-parallel degree", x.tp_degree), pp = count("Pipeline stages", x.pp_degree);
-    var cp = count("Context-parallel degree", x.cp_degree);
-    var sp = flag("Sequence parallel", x.sequence_parallel);
-    var c = positive("Bytes per activation", x.compute_bytes);
-    var peak = flag("Count transients", x.transients);
+    var f = x.ffn_hidden === null ? 4 * h : count("ffn_hidden", x.ffn_hidden);
+    var gated = flag("gated_mlp", x.gated_mlp);
+    var kvHeads = x.n_kv_heads === null ? a : count("n_kv_heads", x.n_kv_heads);
+    var vocab = count("vocab_size", x.vocab_size, 0);
+    var t = count("tp_degree", x.tp_degree), pp = count("pp_degree", x.pp_degree);
+    var cp = count("cp_degree", x.cp_degree);
+    var sp = flag("sequence_parallel", x.sequence_parallel);
+    var c = positive("compute_bytes", x.compute_bytes);
+    var peak = flag("transients", x.transients);
+    var selective = flag("selective_recompute", x.selective_recompute);
+    var offload = flag("offload_optimizer", x.offload_optimizer);
+    var accum = count("grad_accum_steps", x.grad_accum_steps);
+    if (GRAD_SYNCS.indexOf(x.fsdp_grad_sync) < 0) {
+      throw new Error("fsdp_grad_sync must be one of " + GRAD_SYNCS.join(", ") + ", got " + repr(x.fsdp_grad_sync));
+    }
+    if (checkpointing && selective) {
+      throw new Error("activation_checkpointing and selective_recompute exclude each other");
+    }
     if (a % kvHeads) {
       throw new Error("Attention heads (" + a + ") must be a multiple of key/value heads (" + kvHeads + ")");
     }
@@ -123,10 +137,15 @@
       ddp: [], zero1: ["master_bytes", "optimizer_bytes"],
       zero2: ["master_bytes", "optimizer_bytes", "grads_bytes"]
     }[x.strategy] || Object.keys(sizes);
+    if (accum > 1 && x.fsdp_grad_sync === "last") {  // accumulated unsharded until the last micro-batch
+      sharded = sharded.filter(function (key) { return key !== "grads_bytes"; });
+    }
     var out = {};
     Object.keys(sizes).forEach(function (key) {
       out[key] = p / (t * pp) * sizes[key] / (sharded.indexOf(key) >= 0 ? n : 1);
     });
+    var offloaded = offload ? out.master_bytes + out.optimizer_bytes : 0;
+    if (offload) out.master_bytes = out.optimizer_bytes = 0;
     var state = out.params_bytes + out.grads_bytes + out.master_bytes + out.optimizer_bytes;
 
     var tokens = s * b / cp;
@@ -140,11 +159,14 @@
       around = c * 4 * h + 2 * h;
       inside = c * (2 * h + 2 * kv + 2 * f);
     }
-    var perLayer = tokens * (around / spDivisor + inside / t + (scores ? 5 * a * s / cp / t : 0));
+    var scoreBytes = scores ? tokens * 5 * a * s / cp / t : 0;
+    var perLayer = tokens * (around / spDivisor + inside / t) + scoreBytes;
+    var recomputedScores = selective ? scoreBytes : 0;
+    var kept = perLayer - recomputedScores;
     var stageLayers = layers / pp;
     var layerInput = c * tokens * h / spDivisor;
-    var stored = stageLayers * pp * (checkpointing ? layerInput : perLayer);
-    var activations = checkpointing ? stored + perLayer : stored;
+    var stored = stageLayers * pp * (checkpointing ? layerInput : kept);
+    var activations = stored + (checkpointing ? perLayer : recomputedScores);
     out.model_state_bytes = state;
     out.activation_bytes_per_layer = perLayer;
     out.activation_bytes = activations;
@@ -156,16 +178,19 @@
     out.reduce_scatter_bytes = 0;
     out.temporary_bytes = 0;
     out.input_bytes = 0;
+    out.offloaded_bytes = offloaded;
     out.total_bytes = state + activations;
     if (!peak) return out;
 
     var gathered = (x.strategy === "zero3" || x.strategy === "fsdp") && n > 1;
+    // Gradients held from earlier micro-batches when their reduce-scatter is deferred.
+    var held = gathered && sharded.indexOf("grads_bytes") < 0 ? out.grads_bytes : null;
     var blockParams = (h * (h + 2 * kv) + h * h + (gated ? 3 : 2) * h * f) / t + 2 * h;
     var rootParams = (pp === 1 ? 2 : 1) * vocab * h / t + (vocab ? h : 0);
     var logits = tokens * vocab / t;
     var aroundRoot = vocab ? 5 * layerInput : 0;
     var moments = [{
-      sharded_grads_bytes: gathered ? 0 : out.grads_bytes,
+      sharded_grads_bytes: gathered && held === null ? 0 : out.grads_bytes,
       unsharded_params_bytes: gathered ? c * rootParams : 0,
       all_gather_bytes: 0, reduce_scatter_bytes: 0,
       activation_bytes: stored + aroundRoot + 4 * logits, temporary_bytes: 2 * 4 * logits
@@ -179,8 +204,8 @@
         return p1 - p2;
       });
       blocks.forEach(function (at) {
-        var below = checkpointing ? (at + 1) * pp * layerInput : at * pp * perLayer;
-        var done = (stageLayers - 1 - at) * blockParams * sizes.grads_bytes / n;
+        var below = checkpointing ? (at + 1) * pp * layerInput : at * pp * kept;
+        var done = held === null ? (stageLayers - 1 - at) * blockParams * sizes.grads_bytes / n : held;
         var unsharded = c * (rootParams + blockParams);
         var gathering = at > 0 && at < stageLayers - 1 ? c * blockParams : 0;
         moments.push({
@@ -329,7 +354,7 @@
       ["flops_per_sample", "samples_per_step", "n_gpus", "peak_flops_per_gpu", "mfu"], {});
     var work = positive("flops_per_sample", x.flops_per_sample) * positive("samples_per_step", x.samples_per_step);
     var gpus = count("n_gpus", x.n_gpus), peak = positive("peak_flops_per_gpu", x.peak_flops_per_gpu);
-    if (positive("mfu", x.mfu) > 1) throw new Error("mfu is a fraction and must not exceed 1, got " + repr(x.mfu));
+    if (positive("mfu", x.mfu) > 1) throw new Error("mfu must be at most 1, got " + repr(x.mfu));
     var time = work / (gpus * peak * x.mfu);
     return {step_time_s: time, samples_per_s: x.samples_per_step / time, achieved_flops_per_gpu: peak * x.mfu};
   }
@@ -370,8 +395,48 @@
     plain: plain
   };
 
+  // The most memory one accelerator has (AMD MI355X, NVIDIA B300: 288 GB of HBM3E): a
+  // per-GPU answer above it is a configuration no machine runs, so the form says so.
+  var LARGEST_ACCELERATOR_BYTES = 288e9;
+
+  // A choice that sets several inputs at once.
+  var RECOMPUTE = {
+    none: {activation_checkpointing: false, selective_recompute: false},
+    selective: {activation_checkpointing: false, selective_recompute: true},
+    full: {activation_checkpointing: true, selective_recompute: false}
+  };
+
+  // Model shapes that fill the memory form (shown units: parameters in billions). Llama 3:
+  // Meta's model cards and params.json, untied embeddings; parameters counted from the shape
+  // as reference_impl.memory_grid.llama_params does. GPT-3: Brown et al. (2020), table 2.1.
+  // The trainer's transformer: TrainConfig's defaults, fp32 (4 + 4 + 0 + 8 bytes).
+  var LLAMA_BYTES = {gated_mlp: true, param_bytes: 2, grad_bytes: 2, master_bytes: 4, optimizer_bytes: 8,
+    compute_bytes: 2, micro_batch: 1, seq_len: 8192, vocab_size: 128256, n_kv_heads: 8};
+  function preset(base, shape) {
+    var out = {};
+    Object.keys(base).forEach(function (key) { out[key] = base[key]; });
+    Object.keys(shape).forEach(function (key) { out[key] = shape[key]; });
+    return out;
+  }
+  var PRESETS = {
+    "Llama-3 8B": preset(LLAMA_BYTES, {params: 8.030261248, hidden: 4096, n_heads: 32, n_layers: 32,
+      ffn_hidden: 14336}),
+    "Llama-3 70B": preset(LLAMA_BYTES, {params: 70.553706496, hidden: 8192, n_heads: 64, n_layers: 80,
+      ffn_hidden: 28672}),
+    "Llama-3 405B": preset(LLAMA_BYTES, {params: 405.8533888, hidden: 16384, n_heads: 128, n_layers: 126,
+      ffn_hidden: 53248}),
+    "GPT-3 175B": {params: 175, hidden: 12288, n_heads: 96, n_kv_heads: 96, n_layers: 96, ffn_hidden: 49152,
+      gated_mlp: false, vocab_size: 50257, seq_len: 2048, micro_batch: 1, param_bytes: 2, grad_bytes: 2,
+      master_bytes: 4, optimizer_bytes: 8, compute_bytes: 2},
+    "Trainer's transformer": {params: 0.000077376, hidden: 64, n_heads: 4, n_kv_heads: 4, n_layers: 2,
+      ffn_hidden: 128, gated_mlp: false, vocab_size: 64, seq_len: 32, micro_batch: 32, param_bytes: 4,
+      grad_bytes: 4, master_bytes: 0, optimizer_bytes: 8, compute_bytes: 4}
+  };
+
   // Form fields: [input key, label, kind, default shown, scale from the shown unit to the input's].
-  // Kinds: "number", "check", or an array of choices.
+  // Kinds: "number", "check", an array of choices, or an object whose choices each set several
+  // inputs. A form may name a headline output (kept in view beside the fields), presets that
+  // fill fields, and checks that flag an implausible result instead of printing it.
   var FORMS = {
     memory: {
       fields: [
@@ -383,7 +448,7 @@
         ["hidden", "Hidden size", "number", 4096],
         ["n_heads", "Attention heads", "number", 32],
         ["n_layers", "Layers", "number", 32],
-        ["activation_checkpointing", "Activation checkpointing", "check", false],
+        ["recompute", "Activation recompute", RECOMPUTE, "none"],
         ["stores_attention_scores", "Unfused attention (stores scores)", "check", false],
         ["param_bytes", "Bytes/param: weights", "number", 2],
         ["grad_bytes", "Bytes/param: gradients", "number", 2],
@@ -398,8 +463,18 @@
         ["cp_degree", "Context-parallel degree", "number", 1],
         ["sequence_parallel", "Sequence parallel", "check", false],
         ["compute_bytes", "Bytes per activation", "number", 2],
-        ["transients", "Count transients (the step's peak)", "check", false]
+        ["transients", "Count transients (the step's peak)", "check", false],
+        ["offload_optimizer", "Offload optimizer state to CPU", "check", false],
+        ["grad_accum_steps", "Gradient accumulation steps", "number", 1],
+        ["fsdp_grad_sync", "Gradient reduce-scatter (with accumulation)", GRAD_SYNCS, "last"]
       ],
+      headline: "total_bytes",
+      presets: PRESETS,
+      checks: [function (result) {
+        return result.total_bytes > LARGEST_ACCELERATOR_BYTES ? {outputs: ["total_bytes"],
+          message: "More than " + FORMAT.bytes(LARGEST_ACCELERATOR_BYTES) + " per GPU, the memory of the " +
+            "largest accelerator: shard more, add GPUs, or recompute activations."} : null;
+      }],
       outputs: [
         ["params_bytes", "Weights", "bytes"], ["grads_bytes", "Gradients", "bytes"],
         ["master_bytes", "Master copy", "bytes"], ["optimizer_bytes", "Optimizer state", "bytes"],
@@ -409,10 +484,12 @@
         ["sharded_grads_bytes", "Gradients at the peak", "bytes"],
         ["unsharded_params_bytes", "Gathered weights", "bytes"],
         ["all_gather_bytes", "All-gather buffer", "bytes"], ["reduce_scatter_bytes", "Reduce-scatter buffer", "bytes"],
-        ["temporary_bytes", "Temporaries", "bytes"], ["total_bytes", "Total per GPU", "bytes"]
+        ["temporary_bytes", "Temporaries", "bytes"], ["offloaded_bytes", "Offloaded to host memory", "bytes"],
+        ["total_bytes", "Total per GPU", "bytes"]
       ]
     },
     ring_allreduce: {
+      headline: "time_s",
       fields: [
         ["size_bytes", "Size reduced (GB)", "number", 2, 1e9],
         ["world_size", "Ranks N", "number", 8],
@@ -426,6 +503,7 @@
       ]
     },
     fsdp_comm: {
+      headline: "ratio_to_ddp",
       fields: [
         ["params", "Parameters (billions)", "number", 1, 1e9],
         ["world_size", "Ranks N", "number", 8],
@@ -442,6 +520,7 @@
       ]
     },
     tp_comm: {
+      headline: "time_s",
       fields: [
         ["seq_len", "Sequence length", "number", 4096],
         ["micro_batch", "Micro-batch (sequences)", "number", 1],
@@ -459,6 +538,7 @@
       ]
     },
     pp_comm: {
+      headline: "time_s",
       fields: [
         ["seq_len", "Sequence length", "number", 4096],
         ["micro_batch", "Micro-batch (sequences)", "number", 1],
@@ -475,6 +555,7 @@
       ]
     },
     pipeline_bubble: {
+      headline: "bubble_fraction",
       fields: [
         ["stages", "Stages p", "number", 4],
         ["microbatches", "Micro-batches m", "number", 16],
@@ -487,6 +568,13 @@
       ]
     },
     checkpoint_interval: {
+      headline: "daly_interval_s",
+      checks: [function (result) {
+        return result.young_overhead_fraction > 1 || result.daly_overhead_fraction > 1 ? {
+          outputs: ["young_overhead_fraction", "daly_overhead_fraction"],
+          message: "An overhead above 100%: failures come faster than the job can save and restart, " +
+            "so it would hardly progress. Make the save cheaper or the failures rarer."} : null;
+      }],
       fields: [
         ["checkpoint_cost_s", "Blocking save cost C (s)", "number", 30],
         ["mtbf_s", "Job MTBF M (hours)", "number", 3.093, 3600],
@@ -499,6 +587,12 @@
       ]
     },
     mfu: {
+      headline: "mfu",
+      checks: [function (result) {
+        return result.mfu > 1 ? {outputs: ["mfu", "achieved_flops_per_gpu"],
+          message: "An MFU above 100% is impossible: check the step time, the FLOPs per sample, " +
+            "the global batch and the peak."} : null;
+      }],
       fields: [
         ["flops_per_sample", "Training FLOPs per sample (TFLOP)", "number", 172.032, 1e12],
         ["samples_per_step", "Samples per step (global batch)", "number", 256],
@@ -512,6 +606,7 @@
       ]
     },
     step_time: {
+      headline: "step_time_s",
       fields: [
         ["flops_per_sample", "Training FLOPs per sample (TFLOP)", "number", 172.032, 1e12],
         ["samples_per_step", "Samples per step (global batch)", "number", 256],
@@ -526,6 +621,9 @@
     }
   };
 
+  // The presets, for the browser tests that compare them with the Python side.
+  window.handbookCalcPresets = PRESETS;
+
   var STYLE = [
     ".handbook-calc{border:1px solid var(--md-default-fg-color--lightest);border-radius:.2rem;",
     "padding:.6rem .8rem;margin:1em 0;background:var(--md-code-bg-color);color:var(--md-default-fg-color)}",
@@ -538,11 +636,21 @@
     "color:var(--md-default-fg-color);background:var(--md-default-bg-color);",
     "border:1px solid var(--md-default-fg-color--lighter);border-radius:.1rem}",
     ".handbook-calc input:focus,.handbook-calc select:focus{outline:2px solid var(--md-typeset-a-color);outline-offset:1px}",
+    ".handbook-calc [aria-invalid=true]{border-color:#c62828}",
+    // The headline result and any message stay in view while the fields above them scroll:
+    // on a phone a long form is taller than the screen.
+    ".handbook-calc__summary{position:sticky;bottom:0;z-index:1;background:var(--md-code-bg-color);",
+    "border-top:1px solid var(--md-default-fg-color--lightest);padding:.3rem 0;font-size:.7rem}",
+    ".handbook-calc__summary p{margin:0}",
+    // A field scrolled into view (by focus, say) stops above the summary, not under it.
+    ".handbook-calc form input,.handbook-calc form select{scroll-margin-bottom:6rem}",
     ".handbook-calc table.handbook-calc__result{margin:.4rem 0 0;font-size:.7rem}",
     ".handbook-calc td{padding:.1rem 1.2rem .1rem 0}",
     ".handbook-calc output{font-weight:700;font-variant-numeric:tabular-nums}",
     ".handbook-calc__error{color:#c62828;font-weight:700}",
-    "[data-md-color-scheme=slate] .handbook-calc__error{color:#ff8a80}"
+    ".handbook-calc__warning{color:#8a4b00;font-weight:700}",
+    "[data-md-color-scheme=slate] .handbook-calc__error{color:#ff8a80}",
+    "[data-md-color-scheme=slate] .handbook-calc__warning{color:#ffcc80}"
   ].join("");
 
   function addStyle() {
@@ -560,19 +668,72 @@
     return node;
   }
 
+  function isChoice(kind) { return Array.isArray(kind) || (typeof kind === "object" && kind !== null); }
+
+  // The fields of a form that set each calculator input (a choice field sets several).
+  function fieldsByInput(spec) {
+    var byInput = {};
+    spec.fields.forEach(function (field) {
+      var kind = field[2];
+      if (isChoice(kind) && !Array.isArray(kind)) {
+        Object.keys(kind[Object.keys(kind)[0]]).forEach(function (key) { byInput[key] = field; });
+      } else {
+        byInput[field[0]] = field;
+      }
+    });
+    return byInput;
+  }
+
+  // A calculator's message in the form's words: the input's label for its name, its shown
+  // unit for any number (a field in billions gets "at most 100", not "1e11"), no "got ...".
+  // Returns the text and the field to mark.
+  function describe(message, spec) {
+    var byInput = fieldsByInput(spec);
+    var text = message.split(", got ")[0]
+      .replace(/must be a finite number/, "must be a number")
+      .replace(/>= /g, "≥ ");
+    var lead = /^(\w+) (must|is) /.exec(text);
+    var field = lead && byInput[lead[1]];
+    if (field) {
+      var rest = text.slice(lead[1].length);
+      if (field[4]) {
+        rest = rest.replace(/-?\d+(\.\d+)?(e[+-]?\d+)?/g, function (n) { return plain(Number(n) / field[4]); });
+      }
+      return {text: field[1] + rest, field: field};
+    }
+    Object.keys(byInput).forEach(function (key) {
+      text = text.replace(new RegExp("\\b" + key + "\\b", "g"), byInput[key][1]);
+    });
+    return {text: text, field: null};
+  }
+
   function render(host) {
     var name = host.getAttribute("data-calc");
     var spec = FORMS[name];
     if (!spec || host.querySelector("form")) return;
     var form = element("form", {"aria-label": name + " calculator"});
     form.addEventListener("submit", function (event) { event.preventDefault(); });
+    var presetControl = null;
+    if (spec.presets) {
+      var presetLabel = element("label");
+      presetLabel.appendChild(document.createTextNode("Preset"));
+      presetControl = element("select", {name: "preset"});
+      presetControl.appendChild(element("option", {value: ""}, "Custom"));
+      Object.keys(spec.presets).forEach(function (choice) {
+        presetControl.appendChild(element("option", {value: choice}, choice));
+      });
+      presetLabel.appendChild(presetControl);
+      form.appendChild(presetLabel);
+    }
     spec.fields.forEach(function (field) {
       var key = field[0], kind = field[2], shown = field[3];
       var label = element("label", kind === "check" ? {"class": "handbook-calc__check"} : {});
       var input;
-      if (Array.isArray(kind)) {
+      if (isChoice(kind)) {
         input = element("select", {name: key});
-        kind.forEach(function (choice) { input.appendChild(element("option", {value: choice}, choice)); });
+        (Array.isArray(kind) ? kind : Object.keys(kind)).forEach(function (choice) {
+          input.appendChild(element("option", {value: choice}, choice));
+        });
         input.value = shown;
       } else if (kind === "check") {
         input = element("input", {name: key, type: "checkbox"});
@@ -584,6 +745,19 @@
       else { label.appendChild(document.createTextNode(field[1])); label.appendChild(input); }
       form.appendChild(label);
     });
+    var outputLabels = {};
+    spec.outputs.forEach(function (out) { outputLabels[out[0]] = out; });
+    var summary = element("div", {"class": "handbook-calc__summary"});
+    var headline = element("p", {"class": "handbook-calc__headline"});
+    var warning = element("p", {"class": "handbook-calc__warning", role: "status", hidden: ""});
+    var error = element("p", {"class": "handbook-calc__error", role: "alert", hidden: ""});
+    if (spec.headline) {
+      headline.appendChild(document.createTextNode(outputLabels[spec.headline][1] + ": "));
+      headline.appendChild(element("output", {"data-headline": spec.headline}));
+      summary.appendChild(headline);
+    }
+    summary.appendChild(warning);
+    summary.appendChild(error);
     var table = element("table", {"class": "handbook-calc__result"});
     var body = element("tbody");
     spec.outputs.forEach(function (out) {
@@ -595,35 +769,78 @@
       body.appendChild(row);
     });
     table.appendChild(body);
-    var error = element("p", {"class": "handbook-calc__error", role: "alert", hidden: ""});
     host.appendChild(form);
+    host.appendChild(summary);
     host.appendChild(table);
-    host.appendChild(error);
+
+    function show(key, text) {
+      Array.prototype.forEach.call(host.querySelectorAll('output[data-output="' + key + '"], output[data-headline="' +
+        key + '"]'), function (node) { node.textContent = text; });
+    }
 
     function update() {
       var inputs = {};
       spec.fields.forEach(function (field) {
         var control = form.elements[field[0]], kind = field[2];
+        control.removeAttribute("aria-invalid");
         if (kind === "check") inputs[field[0]] = control.checked;
         else if (Array.isArray(kind)) inputs[field[0]] = control.value;
+        else if (isChoice(kind)) {
+          Object.keys(kind[control.value]).forEach(function (key) { inputs[key] = kind[control.value][key]; });
+        }
         // An empty box is NaN, which the calculator rejects with the input's name.
         else inputs[field[0]] = (control.value === "" ? NaN : Number(control.value)) * (field[4] || 1);
       });
       try {
         var result = window.handbookCalc[name](inputs);
-        spec.outputs.forEach(function (out) {
-          host.querySelector('output[data-output="' + out[0] + '"]').textContent = FORMAT[out[2]](result[out[0]]);
+        var flagged = {}, warnings = [];
+        (spec.checks || []).forEach(function (check) {
+          var found = check(result, inputs);
+          if (!found) return;
+          warnings.push(found.message);
+          found.outputs.forEach(function (key) { flagged[key] = true; });
         });
+        spec.outputs.forEach(function (out) {
+          show(out[0], flagged[out[0]] ? "implausible" : FORMAT[out[2]](result[out[0]]));
+        });
+        warning.textContent = warnings.join(" ");
+        warning.hidden = !warnings.length;
         table.hidden = false;
+        headline.hidden = false;
         error.hidden = true;
       } catch (err) {
-        error.textContent = err.message;
+        var said = describe(String(err && err.message), spec);
+        if (said.field) form.elements[said.field[0]].setAttribute("aria-invalid", "true");
+        error.textContent = said.text;
         error.hidden = false;
+        warning.hidden = true;
+        headline.hidden = true;
         table.hidden = true;
       }
     }
-    form.addEventListener("input", update);
-    form.addEventListener("change", update);
+
+    function fill(event) {
+      var values = spec.presets[presetControl.value];
+      if (!values) return;
+      spec.fields.forEach(function (field) {
+        if (!(field[0] in values)) return;
+        var control = form.elements[field[0]];
+        if (field[2] === "check") control.checked = values[field[0]];
+        else control.value = String(values[field[0]]);
+      });
+      event.stopPropagation();
+      update();
+    }
+
+    form.addEventListener("input", function (event) {
+      // A preset describes a model; an edit of a field it set makes the form a custom one.
+      if (presetControl && event.target !== presetControl) presetControl.value = "";
+      update();
+    });
+    form.addEventListener("change", function (event) {
+      if (presetControl && event.target === presetControl) fill(event);
+      else update();
+    });
     update();
   }
 

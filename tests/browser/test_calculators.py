@@ -14,10 +14,12 @@ import re
 from pathlib import Path
 
 import pytest
-
-from reference_impl import calc
 from test_calc import BAD_INPUTS
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
+
+from reference_impl import calc
+from reference_impl.config import TrainConfig
+from reference_impl.model import build_model
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -44,12 +46,15 @@ def _memory(rng: random.Random) -> dict:
     # Heads as a product of key/value heads, so grouped-query attention and TP degrees divide.
     kv_heads, group, tp = rng.choice([1, 2, 8]), rng.choice([1, 4, 8]), rng.choice([1, 1, 2, 8])
     heads, pp = kv_heads * group * tp, rng.choice([1, 1, 2, 4])
+    recompute = rng.choice(["none", "selective", "full"])
     return _maybe(rng, {
         "params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(1, 4096),
         "strategy": rng.choice(calc.STRATEGIES), "seq_len": 2 ** rng.randint(2, 17),
         "micro_batch": rng.randint(1, 64), "hidden": heads * rng.randint(1, 256), "n_heads": heads,
         "n_layers": pp * rng.randint(1, 40)},
-        activation_checkpointing=rng.random() < 0.5, stores_attention_scores=rng.random() < 0.5,
+        activation_checkpointing=recompute == "full", selective_recompute=recompute == "selective",
+        stores_attention_scores=rng.random() < 0.5, offload_optimizer=rng.random() < 0.5,
+        grad_accum_steps=rng.choice([1, 2, 8]), fsdp_grad_sync=rng.choice(["last", "every"]),
         param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([0, 2, 4]),
         master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]),
         ffn_hidden=rng.randint(1, 65_536), gated_mlp=rng.random() < 0.5, n_kv_heads=kv_heads * tp,
@@ -212,11 +217,175 @@ def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa:
         assert _shown(form, "time_s") == f"{python['time_s'] * 1e3:.0f} ms" == "300 ms"
         # A bad value replaces the result with the calculator's own message.
         form.get_by_label("Ranks N").fill("1")
-        assert form.get_by_role("alert").inner_text() == "world_size must be a whole number >= 2, got 1"
+        assert form.get_by_role("alert").inner_text() == "Ranks N must be a whole number ≥ 2"
         assert not form.locator("table").is_visible()
         form.get_by_label("Ranks N").fill("2")
         assert not form.get_by_role("alert").is_visible()
         assert _shown(form, "bytes_per_rank") == "4.00 GB"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F811
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    problems = Problems(page)
+    page.goto(url, wait_until="load")
+    page.wait_for_function("() => window.handbookCalc !== undefined")
+    return context, page, problems
+
+
+def test_errors_speak_the_forms_words_and_units(browser, server) -> None:  # noqa: F811
+    context, page, problems = _open(browser, server + PLAYBOOK)
+    try:
+        form = page.locator('.handbook-calc[data-calc="memory"]')
+        params = form.get_by_label("Parameters (billions)")
+        params.fill("-1000")
+        assert form.get_by_role("alert").inner_text() == "Parameters (billions) must be positive"
+        assert params.get_attribute("aria-invalid") == "true"
+        assert not form.locator("table").is_visible()
+        params.fill("")
+        assert form.get_by_role("alert").inner_text() == "Parameters (billions) must be a number"
+        params.fill("7")
+        assert not form.get_by_role("alert").is_visible() and params.get_attribute("aria-invalid") is None
+        form.get_by_label("Attention heads").fill("33")
+        assert form.get_by_role("alert").inner_text() == "Hidden size (4096) must be a multiple of Attention heads (33)"
+        form.get_by_label("Attention heads").fill("32")
+        form.get_by_label("Gradient accumulation steps").fill("0")
+        assert form.get_by_role("alert").inner_text() == "Gradient accumulation steps must be a whole number ≥ 1"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+    # A shown unit other than the calculator's: the limit is given in the form's percent.
+    context, page, problems = _open(browser, server + "reliability/performance/")
+    try:
+        form = page.locator('.handbook-calc[data-calc="step_time"]')
+        form.get_by_label("Assumed MFU (%)").fill("150")
+        assert form.get_by_role("alert").inner_text() == "Assumed MFU (%) must be at most 100"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_implausible_results_are_flagged_not_printed(browser, server) -> None:  # noqa: F811
+    context, page, problems = _open(browser, server + "reliability/performance/")
+    try:
+        form = page.locator('.handbook-calc[data-calc="mfu"]')
+        form.get_by_label("Measured step time (s)").fill("0.1")
+        python = calc.mfu(flops_per_sample=172.032e12, samples_per_step=256, step_time_s=0.1, n_gpus=64,
+                          peak_flops_per_gpu=989e12)
+        assert python["mfu"] > 1
+        assert "%" not in _shown(form, "mfu") and "TFLOP" not in _shown(form, "achieved_flops_per_gpu")
+        assert "above 100%" in form.locator(".handbook-calc__warning").inner_text()
+        form.get_by_label("Measured step time (s)").fill("2")
+        assert _shown(form, "mfu").endswith("%") and not form.locator(".handbook-calc__warning").is_visible()
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+    context, page, problems = _open(browser, server + "reliability/checkpointing/")
+    try:
+        form = page.locator('.handbook-calc[data-calc="checkpoint_interval"]')
+        form.get_by_label("Job MTBF M (hours)").fill("0.01")
+        python = calc.checkpoint_interval(checkpoint_cost_s=30, mtbf_s=36, restart_s=60)
+        assert python["daly_overhead_fraction"] > 1
+        assert "%" not in _shown(form, "daly_overhead_fraction")
+        assert "above 100%" in form.locator(".handbook-calc__warning").inner_text()
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+    context, page, problems = _open(browser, server + PLAYBOOK)
+    try:
+        form = page.locator('.handbook-calc[data-calc="memory"]')
+        form.get_by_label("Preset").select_option("Llama-3 405B")
+        form.get_by_label("Strategy").select_option("ddp")
+        assert "GB" not in _shown(form, "total_bytes")
+        assert "GB" not in form.locator("output[data-headline]").inner_text()
+        assert "largest accelerator" in form.locator(".handbook-calc__warning").inner_text()
+        form.get_by_label("Strategy").select_option("fsdp")
+        form.get_by_label("Data-parallel GPUs N").fill("512")
+        form.get_by_label("Activation recompute").select_option("full")
+        assert _shown(form, "total_bytes").endswith(" GB") and not form.locator(".handbook-calc__warning").is_visible()
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+FORM_INPUTS = """(host) => {
+  const values = {};
+  for (const el of host.querySelectorAll("input, select")) {
+    values[el.name] = el.type === "checkbox" ? el.checked : el.value;
+  }
+  return values;
+}"""
+
+
+def test_presets_fill_the_memory_form_with_the_models_shapes(browser, server) -> None:  # noqa: F811
+    from reference_impl.memory_grid import LLAMA3_70B, LLAMA3_405B, Shape, llama_params
+
+    trainer = TrainConfig(model="transformer")
+    llama = {"Llama-3 8B": Shape("Llama-3 8B", 4096, 32, 32, 8, 14336, 128256), "Llama-3 70B": LLAMA3_70B,
+             "Llama-3 405B": LLAMA3_405B}
+    context, page, problems = _open(browser, server + PLAYBOOK)
+    try:
+        presets = page.evaluate("() => window.handbookCalcPresets")
+        assert set(presets) == {*llama, "GPT-3 175B", "Trainer's transformer"}
+        for name, shape in llama.items():
+            got = presets[name]
+            assert got["params"] * 1e9 == pytest.approx(llama_params(shape), abs=1)
+            assert (got["hidden"], got["n_layers"], got["n_heads"], got["n_kv_heads"], got["ffn_hidden"],
+                    got["vocab_size"], got["gated_mlp"]) == (shape.hidden, shape.n_layers, shape.n_heads,
+                                                             shape.n_kv_heads, shape.ffn_hidden, shape.vocab_size, True)
+        own = presets["Trainer's transformer"]
+        assert own["params"] * 1e9 == pytest.approx(sum(p.numel() for p in build_model(trainer).parameters()), abs=1e-6)
+        assert (own["hidden"], own["n_layers"], own["n_heads"], own["ffn_hidden"], own["vocab_size"], own["seq_len"],
+                own["micro_batch"]) == (trainer.d_model, trainer.n_layers, trainer.n_heads, trainer.hidden_dim,
+                                        trainer.vocab_size, trainer.seq_len, trainer.micro_batch_size)
+        form = page.locator('.handbook-calc[data-calc="memory"]')
+        host = form.element_handle()
+        # A layout every preset fits in (405B without recompute does not fit anywhere).
+        form.get_by_label("Data-parallel GPUs N").fill("2048")
+        form.get_by_label("Activation recompute").select_option("full")
+        for name, values in presets.items():
+            form.get_by_label("Preset").select_option(name)
+            shown = page.evaluate(FORM_INPUTS, host)
+            for key, value in values.items():
+                assert shown[key] == value if isinstance(value, bool) else float(shown[key]) == value, (name, key)
+            words = ("strategy", "fsdp_grad_sync")
+            inputs = {key: v if isinstance(v, bool) or key in words else float(v) * (1e9 if key == "params" else 1)
+                      for key, v in shown.items() if key not in ("preset", "recompute")}
+            total = calc.memory(**inputs, activation_checkpointing=shown["recompute"] == "full",
+                                selective_recompute=shown["recompute"] == "selective")["total_bytes"]
+            text = form.locator("output[data-headline]").inner_text()
+            assert text == _shown(form, "total_bytes") and text.endswith(" GB")
+            assert float(text.split()[0].replace(",", "")) * 1e9 == pytest.approx(total, rel=5e-3), name
+        # Editing a field a preset set makes the form a custom one.
+        form.get_by_label("Layers").fill("3")
+        assert form.get_by_label("Preset").input_value() == ""
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_on_a_phone_the_result_stays_beside_the_edited_field(browser, server) -> None:  # noqa: F811
+    """At 390 x 844 the memory form is taller than the screen: its headline result stays in view."""
+    context, page, problems = _open(browser, server + PLAYBOOK, width=390, height=844)
+    try:
+        form = page.locator('.handbook-calc[data-calc="memory"]')
+        summary = form.locator(".handbook-calc__summary")
+        assert form.bounding_box()["height"] > 844  # the case that needs it
+        for label, value in (("Parameters (billions)", "70"), ("Layers", "80"), ("Gradient accumulation steps", "4"),
+                             ("Parameters (billions)", "-1")):
+            field = form.get_by_label(label, exact=True)
+            field.scroll_into_view_if_needed()
+            field.fill(value)
+            box, at = summary.bounding_box(), field.bounding_box()
+            assert 0 <= box["y"] and box["y"] + box["height"] <= 844, (label, box)
+            assert 0 <= at["y"] and at["y"] + at["height"] <= box["y"], (label, at, box)  # visible, not covered
+        assert summary.get_by_role("alert").inner_text() == "Parameters (billions) must be positive"
+        form.get_by_label("Parameters (billions)").fill("70")
+        assert summary.locator("output[data-headline]").inner_text().endswith(" GB")
     finally:
         context.close()
     assert not problems.items, "\n".join(problems.items)

@@ -164,6 +164,28 @@ def test_search_returns_results(browser, server):
     assert not problems.items, "\n".join(problems.items)
 
 
+FIRST_RESULT = "() => document.querySelector('.md-search-result__item > a')?.getAttribute('href') || ''"
+
+
+@pytest.mark.parametrize("query", ["pipeline bubble", "ZeRO"])
+def test_search_ranks_the_parallelism_playbook_first(browser, server, query: str):
+    """The playbook, not a page that merely says "pipelines" or "zero", answers these terms."""
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server, wait_until="load")
+        page.click("label.md-search__icon, input.md-search__input")
+        search = page.locator("input.md-search__input")
+        search.fill(query)
+        search.press("End")  # Material searches on key-up: one search, for the whole query
+        page.wait_for_selector(".md-search-result__item", timeout=20_000)
+        first = page.evaluate(FIRST_RESULT)
+        assert urlparse(first).path.rstrip("/").endswith("foundations/parallelism"), first
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
 def test_dark_mode_toggle_switches_the_palette(browser, server):
     context, page = _new_page(browser)
     problems = Problems(page)
