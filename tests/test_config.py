@@ -33,8 +33,9 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
 
 # A base where every field can change on its own to another valid value: FSDP and the
 # transformer (so activation checkpointing, async saves and per-micro-batch sync are
-# allowed), a checkpoint directory (so checkpoint_every is) and two ranks (so fail_rank 1 is).
-DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=2)
+# allowed), a checkpoint directory (so checkpoint_every is) and four ranks (so fail_rank 1 and
+# dp_replicate 2, two replica groups of two shards, are).
+DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=4)
 
 
 def _alternatives(name: str, value: Any) -> list[Any]:
