@@ -41,7 +41,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
-                      "pp_degree", "pp_microbatches", "pp_schedule")
+                      "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate")
 # --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
@@ -65,6 +65,9 @@ class TrainConfig:
 
     strategy: Literal["ddp", "fsdp"] = "ddp"
     """How the data-parallel ranks wrap the model: DDP replicates it, FSDP2 shards it."""
+    dp_replicate: int = 1
+    """HSDP (--strategy fsdp): FSDP2 shards within groups of data-parallel size / dp_replicate
+    ranks and replicates across this many groups (gradients all-reduced between them)."""
     tp_degree: int = 1
     """Tensor-parallel ranks per model replica (transformer only): each splits every matmul
     and reads the same samples; the world size must be a multiple of it."""
@@ -206,7 +209,7 @@ class TrainConfig:
         for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size",
                      "input_dim", "hidden_dim", "num_classes", "vocab_size", "seq_len",
                      "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size", "tp_degree",
-                     "pp_degree"):
+                     "pp_degree", "dp_replicate"):
             if getattr(self, name) < 1:
                 _fail(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank", "pp_microbatches"):
@@ -240,6 +243,7 @@ class TrainConfig:
             _fail(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
         self._check_tensor_parallel()
         self._check_pipeline()
+        self._check_replicas()
         if self.dataset_size < self.global_batch_size:
             _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x data-parallel size)")
@@ -285,6 +289,21 @@ class TrainConfig:
         if self.strategy == "ddp" and self.data_parallel_size > 1:
             _fail("tensor parallel with more than one data-parallel rank needs --strategy fsdp "
                   "(DDP does not wrap DTensor parameters)")
+
+    def _check_replicas(self) -> None:
+        """HSDP: whole replica groups of at least two FSDP2 shards each, and nothing else on the mesh."""
+        if self.dp_replicate == 1:
+            return
+        if self.strategy != "fsdp":
+            _fail("dp_replicate above 1 needs --strategy fsdp (HSDP shards within each replica group)")
+        if self.data_parallel_size % self.dp_replicate:
+            _fail(f"dp_replicate ({self.dp_replicate}) must divide the data-parallel size "
+                  f"({self.data_parallel_size}): every replica group holds the same number of shards")
+        if self.data_parallel_size == self.dp_replicate:
+            _fail(f"dp_replicate ({self.dp_replicate}) equals the data-parallel size: each group would "
+                  "hold one unsharded copy, which is DDP (--strategy ddp)")
+        if self.tp_degree > 1 or self.pp_degree > 1:
+            _fail("dp_replicate above 1 runs with tp_degree and pp_degree 1 (HSDP is tested on its own)")
 
     def _check_pipeline(self) -> None:
         """The stages must cover the blocks, and each micro-batch must split evenly."""

@@ -49,13 +49,15 @@ class ParallelDims:
     @classmethod
     def from_config(cls, cfg: TrainConfig, data_axis: str, device_type: str = "cpu") -> ParallelDims:
         """The mesh of `cfg`: `pp_degree` stages, `tp_degree` tensor-parallel ranks, and the
-        rest of the world on `data_axis`.
+        rest of the world on `data_axis` (split into `dp_replicate` x dp_shard under HSDP).
 
         `TrainConfig` has already refused degrees that do not divide the world size, before
         any process group started, so the degrees always multiply to it.
         """
-        return cls(pp=cfg.pp_degree, tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type,
-                   **{data_axis: cfg.data_parallel_size})
+        data = {data_axis: cfg.data_parallel_size // cfg.dp_replicate}
+        if cfg.dp_replicate > 1:  # HSDP: the data axis is dp_shard, replicated dp_replicate times
+            data["dp_replicate"] = cfg.dp_replicate
+        return cls(pp=cfg.pp_degree, tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type, **data)
 
     def degree(self, axis: str) -> int:
         """How many ranks `axis` spans."""
@@ -95,6 +97,24 @@ class ParallelDims:
         """The axes that get a process group and a wrapper: those spanning more than one
         rank, or in a one-rank job the data axis (its wrapper runs over that one rank)."""
         return tuple(axis for axis in AXES if self.degree(axis) > 1) or (self.data_axis,)
+
+    @property
+    def hsdp(self) -> bool:
+        """FSDP2 shards over dp_shard and replicates over dp_replicate: one wrapper spans both."""
+        return self.data_axis == "dp_shard" and self.dp_replicate > 1
+
+    @property
+    def wrapped_axes(self) -> tuple[str, ...]:
+        """The used axes whose parallelism wraps the model: under HSDP dp_replicate has none
+        of its own (the FSDP2 wrapper of dp_shard spans it)."""
+        return tuple(axis for axis in self.used_axes if not (self.hsdp and axis == "dp_replicate"))
+
+    def mesh_of(self, axis: str) -> DeviceMesh:
+        """The mesh the parallelism of `axis` spans: under HSDP, dp_shard's is the 2-D
+        (dp_replicate, dp_shard) mesh, which `fully_shard` treats as shard-within-replicate."""
+        if self.hsdp and axis == "dp_shard":
+            return self.device_mesh["dp_replicate", "dp_shard"]
+        return self.device_mesh[axis]
 
     def group(self, axis: str) -> ProcessGroup | None:
         """The process group of `axis` that this rank belongs to; None when it spans one rank."""

@@ -36,7 +36,9 @@ def ddp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
 
 
 def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
-    """Shard every parameter over `mesh` with FSDP2 (`fully_shard`)."""
+    """Shard every parameter over `mesh` with FSDP2 (`fully_shard`). A 2-D mesh
+    (dp_replicate, dp_shard) makes it HSDP: shards within each replica group, gradients
+    reduce-scattered there and all-reduced across the groups."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.precision == "bf16" else MixedPrecisionPolicy()
     # Shard each block first so its parameters are gathered just before use and freed
@@ -82,7 +84,7 @@ def dims_of(cfg: TrainConfig, device_type: str = "cpu") -> ParallelDims:
 
 def checkpoint_layout(cfg: TrainConfig) -> str:
     """"dcp" when a parallelism the run applies splits the parameters, else "torch_save"."""
-    used = dims_of(cfg).used_axes  # the axes `wrap_model` applies a parallelism over
+    used = dims_of(cfg).wrapped_axes  # the axes `wrap_model` applies a parallelism over
     return "dcp" if any(p.sharded for p in PARALLELISMS.values() if p.axis in used) else "torch_save"
 
 
@@ -95,8 +97,8 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: Paral
     if not ctx.distributed:
         return model
     for parallelism in PARALLELISMS.values():
-        if parallelism.axis in dims.used_axes:
-            model = parallelism.wrap(model, dims.device_mesh[parallelism.axis], cfg)
+        if parallelism.axis in dims.wrapped_axes:
+            model = parallelism.wrap(model, dims.mesh_of(parallelism.axis), cfg)
     return model
 # --8<-- [end:wrap_model]
 

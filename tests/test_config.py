@@ -33,8 +33,9 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
 
 # A base where every field can change on its own to another valid value: FSDP and the
 # transformer (so activation checkpointing, async saves and per-micro-batch sync are
-# allowed), a checkpoint directory (so checkpoint_every is) and two ranks (so fail_rank 1 is).
-DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=2)
+# allowed), a checkpoint directory (so checkpoint_every is) and four ranks (so fail_rank 1 and
+# dp_replicate 2, two replica groups of two shards, are).
+DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=4)
 
 
 def _alternatives(name: str, value: Any) -> list[Any]:
@@ -172,9 +173,17 @@ PP_ERRORS = [
     (["--pp-microbatches", "4"], "1", "pp_microbatches needs --pp-degree above 1"),
     (PP, "4", "pipeline stages with more than one data-parallel rank need --strategy fsdp"),
 ]
+HSDP = ["--strategy", "fsdp", "--model", "transformer", "--dp-replicate", "2"]
+HSDP_ERRORS = [
+    (["--dp-replicate", "2"], "4", "dp_replicate above 1 needs --strategy fsdp"),
+    (HSDP, "3", "dp_replicate (2) must divide the data-parallel size (3)"),
+    (HSDP, "2", "dp_replicate (2) equals the data-parallel size"),
+    ([*HSDP, "--tp-degree", "2"], "8", "dp_replicate above 1 runs with tp_degree and pp_degree 1"),
+    (["--dp-replicate", "0"], "1", "dp_replicate must be >= 1"),
+]
 
 
-@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS)
+@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS + HSDP_ERRORS)
 def test_a_mesh_that_does_not_fit_is_a_config_error(flags: list[str], world: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig.from_cli(flags, {"WORLD_SIZE": world})
@@ -184,6 +193,11 @@ def test_tensor_parallel_ranks_share_their_samples_in_the_global_batch() -> None
     flags = ["--strategy", "fsdp", "--model", "transformer", "--tp-degree", "2", "--micro-batch-size", "8"]
     cfg = TrainConfig.from_cli(flags, {"WORLD_SIZE": "4"})
     assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
+
+
+def test_hsdp_keeps_the_global_batch_over_replicas_times_shards() -> None:
+    cfg = TrainConfig.from_cli([*HSDP, "--micro-batch-size", "4", "--grad-accum-steps", "2"], {"WORLD_SIZE": "4"})
+    assert cfg.data_parallel_size == 4 and cfg.global_batch_size == 32
 
 
 def test_pipeline_stages_share_their_samples_and_default_to_one_micro_batch_each() -> None:

@@ -72,3 +72,25 @@ def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: tuple[int, in
             assert mesh["tp"].mesh.flatten().tolist() == same_tp
         finally:
             dist.destroy_process_group()
+
+
+def test_hsdp_gives_fsdp2_the_replicate_by_shard_mesh_with_shard_groups_of_neighbours() -> None:
+    """`--dp-replicate 2` on 4 ranks: one FSDP2 wrapper over the 2-D (dp_replicate, dp_shard)
+    mesh, no DDP of its own on dp_replicate; ranks 0,1 and 2,3 each hold one whole set of
+    shards (built on a fake process group: real layout, no communication)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from reference_impl.config import TrainConfig
+    from reference_impl.parallel import dims_of
+
+    cfg = TrainConfig(strategy="fsdp", model="transformer", dp_replicate=2, world_size=4, micro_batch_size=4)
+    dims = dims_of(cfg)
+    assert (dims.dp_replicate, dims.dp_shard, dims.dp_size) == (2, 2, 4)
+    assert dims.used_axes == ("dp_replicate", "dp_shard") and dims.wrapped_axes == ("dp_shard",)
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        mesh = dims.mesh_of("dp_shard")
+        assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard")
+        assert mesh.mesh.tolist() == [[0, 1], [2, 3]]
+    finally:
+        dist.destroy_process_group()
