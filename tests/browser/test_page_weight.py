@@ -41,7 +41,7 @@ class Transfers:
         return any(fragment in url for url in self.urls.values())
 
 
-def _phone(browser):
+def _phone(browser):  # noqa: F811 - the fixture, passed on by the tests
     context = browser.new_context(viewport=PHONE, device_scale_factor=3, is_mobile=True, has_touch=True)
     context.add_init_script(OPEN_SHADOW_ROOTS)
     page = context.new_page()
