@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_site_in_chromium import COUNT_RENDERED, OPEN_SHADOW_ROOTS, Problems, browser, server  # noqa: F401
+from test_site_in_chromium import OPEN_SHADOW_ROOTS, Problems, browser, render_diagrams, server  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -75,7 +75,7 @@ def test_no_accessibility_violation_of_ours(browser, server, built_site: Path, k
         page.goto(server + path, wait_until="load")
         assert page.evaluate("() => document.body.dataset.mdColorScheme") == SCHEMES[scheme]
         if diagrams:
-            page.wait_for_function(f"() => ({COUNT_RENDERED})() >= {diagrams}", timeout=30_000)
+            assert render_diagrams(page, diagrams) >= diagrams
         page.evaluate(PREPARE)
         page.add_script_tag(path=str(AXE))
         violations = page.evaluate(RUN_AXE, {rule: selector for rule, (selector, _) in KNOWN.items()})

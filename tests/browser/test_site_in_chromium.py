@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from launch import free_port
 
@@ -37,6 +39,35 @@ Element.prototype.attachShadow = function (init) {
 COUNT_RENDERED = """
 () => Array.from(document.querySelectorAll("div.mermaid")).filter(
   (host) => host.shadowRoot && host.shadowRoot.querySelector("svg")).length
+"""
+# A diagram renders when it comes near the viewport (docs/javascripts/diagrams.js): bring each
+# one into view in turn, as a reader scrolling down the page does.
+SCROLL_TO_DIAGRAMS = """
+async () => {
+  for (const block of document.querySelectorAll("pre.mermaid")) {
+    block.scrollIntoView({block: "center"});
+    await new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 50)));
+  }
+}
+"""
+# For the test of every page: each diagram counts as near the viewport as soon as it is
+# observed, so all of them render without scrolling a long page frame by frame. That test
+# checks that every diagram renders; test_page_weight.py checks when, with the real observer.
+DIAGRAMS_ALL_NEAR = """
+const Observer = window.IntersectionObserver;
+window.IntersectionObserver = class extends Observer {
+  constructor(callback, options) {
+    super(callback, options);
+    this.notify = callback;
+  }
+  observe(target) {
+    if (target.tagName === "PRE") {
+      setTimeout(() => this.notify([{target, isIntersecting: true}], this));
+    } else {
+      super.observe(target);
+    }
+  }
+};
 """
 MERMAID_ERRORS = """
 () => Array.from(document.querySelectorAll("div.mermaid")).filter(
@@ -104,9 +135,18 @@ class Problems:
         self.items.append(f"requestfailed: {request.url} {request.failure}")
 
 
-def _new_page(browser):
+def render_diagrams(page, expected: int, timeout_ms: float = 30_000) -> int:
+    """Scroll to every diagram of the page, wait until `expected` have rendered; how many did."""
+    page.evaluate(SCROLL_TO_DIAGRAMS)
+    with contextlib.suppress(PlaywrightTimeout):  # the caller reports the count
+        page.wait_for_function(f"() => ({COUNT_RENDERED})() >= {expected}", timeout=timeout_ms)
+    return page.evaluate(COUNT_RENDERED)
+
+
+def _new_page(browser, *init_scripts: str):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.add_init_script(OPEN_SHADOW_ROOTS)
+    for script in (OPEN_SHADOW_ROOTS, *init_scripts):
+        context.add_init_script(script)
     # Anything outside the local server counts as a failure: the site must work offline.
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -117,7 +157,7 @@ def test_every_page_renders_its_diagrams_without_errors(browser, server, built_s
     pages = sorted(p for p in built_site.rglob("index.html"))
     assert len(pages) > 10
     report, total_diagrams = [], 0
-    context, page = _new_page(browser)
+    context, page = _new_page(browser, DIAGRAMS_ALL_NEAR)
     try:
         for html in pages:
             expected = html.read_text(encoding="utf-8").count('<pre class="mermaid"')
@@ -127,11 +167,8 @@ def test_every_page_renders_its_diagrams_without_errors(browser, server, built_s
             problems = Problems(page)
             page.goto(url, wait_until="load")
             if expected:
-                try:
-                    page.wait_for_function(f"() => ({COUNT_RENDERED})() >= {expected}",
-                                           timeout=30_000)
-                except Exception:  # noqa: BLE001 - report below with the count
-                    pass
+                with contextlib.suppress(PlaywrightTimeout):  # reported below with the count
+                    page.wait_for_function(f"() => ({COUNT_RENDERED})() >= {expected}", timeout=30_000)
                 rendered = page.evaluate(COUNT_RENDERED)
                 if rendered < expected:
                     problems.items.append(f"{rendered} of {expected} diagrams rendered to SVG")
@@ -159,6 +196,10 @@ def test_search_returns_results(browser, server):
         search.press_sequentially("sampler", delay=30)
         page.wait_for_selector(".md-search-result__item", timeout=20_000)
         assert page.locator(".md-search-result__item").count() > 0
+        # The index leaves out the all-in-one page and most API text; the pages stay findable.
+        search.fill("")
+        search.press_sequentially("playbook", delay=30)
+        page.wait_for_selector('.md-search-result__item a[href*="/foundations/parallelism/"]', timeout=20_000)
     finally:
         context.close()
     assert not problems.items, "\n".join(problems.items)
@@ -205,15 +246,25 @@ def test_dark_mode_toggle_switches_the_palette(browser, server):
 
 
 def test_diagrams_render_after_instant_navigation(browser, server, built_site: Path):
-    """Arriving by a click (Material's instant navigation, no full reload) still renders."""
+    """Arriving by a click (Material's instant navigation, no full reload) from a page without
+    a diagram still renders, with the site's own Mermaid (no CDN request)."""
     assert '<pre class="mermaid"' not in (built_site / "api" / "index.html").read_text(encoding="utf-8")
+    # The theme navigates instantly only to the addresses in the sitemap, which are on the
+    # configured site_url; this server has another port, so serve the sitemap with its address.
+    sitemap = (built_site / "sitemap.xml").read_text(encoding="utf-8")
+    site_url = re.search(r"<loc>(.*?)</loc>", sitemap)[1]
     context, page = _new_page(browser)
+    context.route("**/sitemap.xml", lambda route: route.fulfill(
+        body=sitemap.replace(site_url, server), content_type="application/xml"))
     problems = Problems(page)
     try:
-        page.goto(server + "api/", wait_until="load")
+        page.goto(server + "api/", wait_until="networkidle")
+        page.evaluate("() => { window.handbookSameDocument = true; }")
         page.locator(".md-tabs a", has_text="Foundations").first.click()
         page.wait_for_url("**/foundations/system-model/", timeout=20_000)
-        page.wait_for_function(f"() => ({COUNT_RENDERED})() >= 1", timeout=30_000)
+        assert page.evaluate("() => window.handbookSameDocument === true"), (
+            "the click loaded a new document: instant navigation was off")
+        assert render_diagrams(page, 1) >= 1
     finally:
         context.close()
     assert not problems.items, "\n".join(problems.items)

@@ -114,15 +114,20 @@ def test_snippet_sections_are_well_formed() -> None:
 
 
 def test_vendored_mermaid_is_the_configured_one() -> None:
-    """The diagram renderer is served from the site itself, and its version is in its name."""
+    """The diagram renderer is served from the site itself, and its version is in its name.
+
+    mermaid2 injects the lazy loader (docs/javascripts/diagrams.js), and the loader names the vendored bundle."""
     config = (support.ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    m = re.search(r"javascript:\s*(javascripts/vendor/mermaid-(\d+)\.(\d+)\.(\d+)\.min\.js)", config)
-    assert m, "mermaid2 must point at a vendored, versioned UMD build"
-    bundle = support.DOCS / m[1]
+    assert re.search(r"^\s+javascript:\s*javascripts/diagrams\.js\s*$", config, re.M), (
+        "mermaid2 must inject the lazy loader")
+    loader = (support.DOCS / "javascripts" / "diagrams.js").read_text(encoding="utf-8")
+    m = re.search(r'"(vendor/mermaid-(\d+)\.(\d+)\.(\d+)\.min\.js)"', loader)
+    assert m, "the loader must name a vendored, versioned UMD build"
+    bundle = support.DOCS / "javascripts" / m[1]
     assert bundle.is_file()
     content = bundle.read_bytes()
     assert int(m[2]) == 11
-    assert "unpkg.com" not in config and "cdn.jsdelivr" not in config
+    assert not re.search(r"unpkg\.com|cdn\.jsdelivr", config + loader)
     assert not is_lfs_pointer(content), "the bundle is a Git LFS pointer, not the script"
     assert f'"{m[2]}.{m[3]}.{m[4]}"'.encode() in content, "the bundle carries the version its name says"
 

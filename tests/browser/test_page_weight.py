@@ -1,0 +1,85 @@
+"""What a phone downloads: the home page's first screen within budget, Mermaid only near a diagram.
+
+Bytes are counted as Chromium received them (DevTools' `encodedDataLength`: headers and body
+as sent, the worker's fetch of the search index included). The test server does not
+compress, so these are the uncompressed sizes, an upper bound on what a compressing host sends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_site_in_chromium import COUNT_RENDERED, OPEN_SHADOW_ROOTS, Problems, browser, server  # noqa: F401
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
+
+PHONE = {"width": 390, "height": 844}
+FIRST_SCREEN_BUDGET = 1_500_000  # bytes
+MERMAID_BUNDLE = "/javascripts/vendor/mermaid-"
+DIAGRAM_TOPS = "() => Array.from(document.querySelectorAll('pre.mermaid'), (pre) => pre.getBoundingClientRect().top)"
+
+
+class Transfers:
+    """The bytes of every request a page makes, as the browser received them."""
+
+    def __init__(self, context, page) -> None:
+        self.urls: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+        cdp = context.new_cdp_session(page)
+        cdp.on("Network.requestWillBeSent", lambda e: self.urls.setdefault(e["requestId"], e["request"]["url"]))
+        cdp.on("Network.loadingFinished", lambda e: self.sizes.__setitem__(e["requestId"], e["encodedDataLength"]))
+        cdp.send("Network.enable")
+
+    def total(self) -> int:
+        return sum(self.sizes.values())
+
+    def largest(self, n: int = 6) -> str:
+        ranked = sorted(self.sizes.items(), key=lambda item: -item[1])[:n]
+        return "\n".join(f"{size:>10,} {self.urls.get(rid, rid)}" for rid, size in ranked)
+
+    def asked_for(self, fragment: str) -> bool:
+        return any(fragment in url for url in self.urls.values())
+
+
+def _phone(browser):  # noqa: F811 - the fixture, passed on by the tests
+    context = browser.new_context(viewport=PHONE, device_scale_factor=3, is_mobile=True, has_touch=True)
+    context.add_init_script(OPEN_SHADOW_ROOTS)
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    return context, page
+
+
+def test_home_page_first_screen_on_a_phone_stays_within_budget(browser, server) -> None:  # noqa: F811
+    context, page = _phone(browser)
+    transfers = Transfers(context, page)
+    problems = Problems(page)
+    try:
+        page.goto(server, wait_until="networkidle")  # the search worker's index included
+        page.wait_for_timeout(500)
+    finally:
+        context.close()
+    assert transfers.asked_for("/search/search_index.json"), "the count missed the search index"
+    assert not transfers.asked_for(MERMAID_BUNDLE), "the first screen has no diagram, yet Mermaid loaded"
+    assert transfers.total() <= FIRST_SCREEN_BUDGET, (
+        f"{transfers.total():,} bytes > {FIRST_SCREEN_BUDGET:,}; largest:\n{transfers.largest()}")
+    assert not problems.items, "\n".join(problems.items)
+
+
+def test_mermaid_loads_only_when_a_diagram_comes_near(browser, server) -> None:  # noqa: F811
+    context, page = _phone(browser)
+    transfers = Transfers(context, page)
+    problems = Problems(page)
+    try:
+        page.goto(server, wait_until="networkidle")
+        page.wait_for_timeout(500)
+        first = min(page.evaluate(DIAGRAM_TOPS))
+        assert first > 1.5 * PHONE["height"], "the home page's first diagram is no longer below the first screen"
+        assert not transfers.asked_for(MERMAID_BUNDLE)
+        assert page.evaluate(COUNT_RENDERED) == 0
+        # A quarter of a screen below the bottom edge: near, not yet visible.
+        page.evaluate(f"() => window.scrollBy(0, {first - 1.25 * PHONE['height']})")
+        page.wait_for_function(f"() => ({COUNT_RENDERED})() >= 1", timeout=60_000)
+        assert transfers.asked_for(MERMAID_BUNDLE)
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
