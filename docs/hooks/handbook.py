@@ -316,6 +316,17 @@ def on_page_content(html: str, page: Any, **_: Any) -> str:
     return HEADERLINK.sub("", html)
 
 
+def on_page_context(context: dict[str, Any], page: Any, **_: Any) -> dict[str, Any]:
+    """The all-in-one page's table of contents lists the pages it holds, not their 130
+    sections: each page's own table of contents has those, and on this page they would be
+    a sixth of its weight."""
+    if page.file.src_uri == ALL_IN_ONE:
+        for top in page.toc.items:
+            for inlined in top.children:
+                inlined.children = []
+    return context
+
+
 def on_post_build(config: Any, **_: Any) -> None:
     """Write the notebook (freshly generated from the module) and the Anki deck into the site."""
     target = Path(config["site_dir"]) / SITE_PATH
