@@ -14,6 +14,7 @@ and a few hundred MB of memory, since no tensor has real storage, and larger one
     python -m reference_impl.memory_grid                 # the full grid into docs/data
     python -m reference_impl.memory_grid --reduced       # the test suite's grid, in a minute
     python -m reference_impl.memory_grid --out /tmp      # somewhere else
+    python -m reference_impl.memory_grid --only "405B"   # re-run matching rows, keep the rest
 
 The model is Llama's block without rotary embeddings (which add no parameters and, under
 `torch.compile`, no stored activations): RMSNorm, a fused bias-free q/k/v projection with
@@ -216,10 +217,13 @@ def llama_params(shape: Shape) -> int:
 
 
 def grid() -> list[Config]:
-    """The full grid: four shapes, FSDP worlds of 8 to 2,048 ranks, recompute off and on."""
+    """The full grid: four shapes, FSDP worlds of 8 to 2,048 ranks and HSDP at 405B, recompute off and on."""
     worlds = {LLAMA_7B: (8, 64, 256), LLAMA_13B: (16, 128, 512), LLAMA3_70B: (64, 512, 1024),
-              LLAMA3_405B: (256, 1024, 2048)}
-    return [Config(shape, n, ac) for shape, sizes in worlds.items() for n in sizes for ac in (False, True)]
+              LLAMA3_405B: (256, 2048)}
+    fsdp = [Config(shape, n, ac) for shape, sizes in worlds.items() for n in sizes for ac in (False, True)]
+    # 405B as Llama 3 trained it: 8 replicas of a 256-rank shard group, 2,048 ranks in all.
+    hsdp = [Config(LLAMA3_405B, 256, ac, replicas=8) for ac in (False, True)]
+    return fsdp + hsdp
 
 
 def reduced_grid() -> list[Config]:
@@ -251,28 +255,41 @@ def row(config: Config) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the grid and write `memory_grid.json` (or `memory_grid_reduced.json`) into `--out`."""
+    """Run the grid and write `memory_grid.json` (or `memory_grid_reduced.json`) into `--out`.
+
+    With `--only`, the configurations whose label contains one of the given texts run and
+    replace their rows in the file already there; the other rows are kept as measured.
+    """
     from reference_impl.measure import metadata
 
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON file")
     parser.add_argument("--reduced", action="store_true", help="the test suite's small grid (under a minute)")
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="run only configurations whose label contains TEXT (repeatable); keep the other rows")
     args = parser.parse_args(argv)
     configs = reduced_grid() if args.reduced else grid()
     name = "memory_grid_reduced" if args.reduced else "memory_grid"
-    rows: list[dict[str, Any]] = []
+    path = args.out / f"{name}.json"
+    selected = [c for c in configs if not args.only or any(text in c.label for text in args.only)]
+    if not selected:
+        parser.error(f"no configuration's label contains {' or '.join(map(repr, args.only))}")
+    # Rows by label, in the grid's order: earlier measurements first, replaced as each runs.
+    kept = {r["config"]: r for r in json.loads(path.read_text(encoding="utf-8"))["data"]["rows"]} \
+        if args.only and path.exists() else {}
+    measured: dict[str, dict[str, Any]] = {}
     record = {**metadata(name), "command": COMMAND + (" --reduced" if args.reduced else ""),
-              "data": {"grid": "reduced" if args.reduced else "full", "rows": rows}}
+              "data": {"grid": "reduced" if args.reduced else "full", "rows": []}}
     args.out.mkdir(parents=True, exist_ok=True)
-    for config in configs:
-        rows.append(row(config))
-        last = rows[-1]
+    for config in selected:
+        last = measured[config.label] = row(config)
         print(f"{last['config']}: tracker {last['tracker']['Total'] / 2**30:.2f} GiB, "
               f"error {last['error']:+.2%} ({last['seconds']} s)", file=sys.stderr, flush=True)
+        record["data"]["rows"] = [measured.get(c.label) or kept[c.label] for c in configs
+                                  if c.label in measured or c.label in kept]
         # Written after every configuration: a long grid leaves what it has measured.
-        (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
