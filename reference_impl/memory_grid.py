@@ -110,14 +110,15 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Attention and SwiGLU, each behind RMSNorm and a residual connection."""
-        b, s, h = x.shape
-        kv = self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv(self.attention_norm(x)).split([h, kv, kv], dim=-1)
-        q = q.view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Head counts are this rank's (tensor parallel divides them); the sequence length is
+        # the projection's (sequence parallel gathers it there), hence -1.
+        b, q_width, kv = x.shape[0], self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(self.attention_norm(x)).split([q_width, kv, kv], dim=-1)
+        q = q.view(b, -1, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, -1, self.n_kv_heads, self.head_dim).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
-        x = x + self.wo(o.transpose(1, 2).reshape(b, s, h))
+        x = x + self.wo(o.transpose(1, 2).reshape(b, -1, q_width))
         y = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
@@ -274,20 +275,22 @@ def main(argv: list[str] | None = None) -> int:
     selected = [c for c in configs if not args.only or any(text in c.label for text in args.only)]
     if not selected:
         parser.error(f"no configuration's label contains {' or '.join(map(repr, args.only))}")
-    # Rows by label, in the grid's order: earlier measurements first, replaced as each runs.
-    kept = {r["config"]: r for r in json.loads(path.read_text(encoding="utf-8"))["data"]["rows"]} \
-        if args.only and path.exists() else {}
-    measured: dict[str, dict[str, Any]] = {}
     record = {**metadata(name), "command": COMMAND + (" --reduced" if args.reduced else ""),
               "data": {"grid": "reduced" if args.reduced else "full", "rows": []}}
     args.out.mkdir(parents=True, exist_ok=True)
+    measured: dict[str, dict[str, Any]] = {}
     for config in selected:
         last = measured[config.label] = row(config)
         print(f"{last['config']}: tracker {last['tracker']['Total'] / 2**30:.2f} GiB, "
               f"error {last['error']:+.2%} ({last['seconds']} s)", file=sys.stderr, flush=True)
-        record["data"]["rows"] = [measured.get(c.label) or kept[c.label] for c in configs
-                                  if c.label in measured or c.label in kept]
-        # Written after every configuration: a long grid leaves what it has measured.
+        # The file as it is now (another `--only` run may have added rows), this run's rows
+        # replacing theirs, in the grid's order (rows it does not know last); written after every configuration, so a long
+        # grid leaves what it has measured.
+        kept = {r["config"]: r for r in json.loads(path.read_text(encoding="utf-8"))["data"]["rows"]} \
+            if args.only and path.exists() else {}
+        kept.update(measured)
+        order = [c.label for c in configs if c.label in kept]
+        record["data"]["rows"] = [kept[label] for label in order + [k for k in kept if k not in order]]
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return 0
 
