@@ -284,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{last['config']}: tracker {last['tracker']['Total'] / 2**30:.2f} GiB, "
               f"error {last['error']:+.2%} ({last['seconds']} s)", file=sys.stderr, flush=True)
         # The file as it is now (another `--only` run may have added rows), this run's rows
-        # replacing theirs, in the grid's order (rows it does not know last); written after every configuration, so a long
-        # grid leaves what it has measured.
+        # replacing theirs, in the grid's order (rows it does not know last); written after
+        # every configuration, so a long grid leaves what it has measured.
         kept = {r["config"]: r for r in json.loads(path.read_text(encoding="utf-8"))["data"]["rows"]} \
             if args.only and path.exists() else {}
         kept.update(measured)
