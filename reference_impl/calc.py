@@ -208,11 +208,18 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     tokens = s * b / cp
     kv = h // a * kv_heads
     sp_divisor = t if sp else 1
-    if gated:  # 12 hidden-sized: q, the attention output and its copy inside TP's region, 9 around it
-        around, inside = c * 9 * h + 8, c * (h + 2 * kv + 2 * h + 4 * f) + 4 * a
+    gathered_inputs = 0.0
+    if gated:  # 12 hidden-sized: q and the attention output inside TP's region, 10 around it
+        around, inside = c * 10 * h + 8, c * (h + 2 * kv + h + 4 * f) + 4 * a
+        if sp and t > 1:
+            # DTensor's sequence parallel all-gathers the sequence before each column-parallel
+            # projection, which saves the gathered input: q/k/v's and, each its own, w1's and
+            # w3's, in place of the two sequence-sharded norm outputs.
+            around, gathered_inputs = around - 2 * c * h, 3 * c * h
     else:  # Korthikanti's 10 sbh outside the tensor-parallel region, 24 sbh inside
         around, inside = c * 4 * h + 2 * h, c * (2 * h + 2 * kv + 2 * f)
-    per_layer = tokens * (around / sp_divisor + inside / t + (5 * a * s / cp / t if scores else 0))
+    per_layer = tokens * (around / sp_divisor + gathered_inputs + inside / t
+                          + (5 * a * s / cp / t if scores else 0))
     stage_layers = layers // pp
     layer_input = c * tokens * h / sp_divisor
     # 1F1B: the first stage holds pp micro-batches of its layers, as many as n_layers of one.
@@ -232,12 +239,22 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     # Under a pipeline the last stage holds the output projection and the logits, the larger end.
     root_params = (2 if pp == 1 else 1) * vocab * h / t + (h if vocab else 0)
     logits = tokens * vocab / t
-    around_root = 5 * layer_input if vocab else 0  # embedding output, final norm's saved tensors
+    # The embedding's output and the final norm's saved tensors; the output projection's input
+    # whole (sequence parallel gathers it).
+    around_root = 4 * layer_input + c * tokens * h if vocab else 0
+    # Loss parallel (tensor parallel) adds a third fp32 logits-sized temporary: exp(log-softmax).
+    loss_temporaries = (3 if t > 1 else 2) * 4 * logits
     loss = {"sharded_grads_bytes": 0.0 if gathered else state["grads_bytes"],
             "unsharded_params_bytes": c * root_params if gathered else 0.0,
             "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
-            "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": 2 * 4 * logits}
+            "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": loss_temporaries}
     moments = [loss]
+    if vocab:
+        # The final norm's backward: the loss is freed, the output projection's gradient kept;
+        # the norm's gradient arrives whole (reduced over TP ranks without sequence parallel)
+        # and its fp32 backward holds six hidden-sized fp32 tensors.
+        moments.append({**loss, "activation_bytes": stored + 2 * layer_input,
+                        "temporary_bytes": c * vocab * h / t + 6 * 4 * tokens * h / sp_divisor})
     if gathered:
         # Block `at` (0 nearest the input) in backward: the blocks above it are done (their
         # sharded gradients exist) and the output projection's bf16 gradient waits for the

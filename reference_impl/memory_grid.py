@@ -29,11 +29,12 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -83,11 +84,15 @@ class Config:
     seq_len: int = 4096
     micro_batch: int = 1
     replicas: int = 1
+    tp: int = 1
+    sequence_parallel: bool = False
 
     @property
     def label(self) -> str:
         """A short name for tables: model, ranks, recompute."""
         sharding = f"HSDP {self.replicas} x {self.world_size}" if self.replicas > 1 else f"FSDP {self.world_size}"
+        if self.tp > 1:
+            sharding += f" x TP {self.tp}{' + SP' if self.sequence_parallel else ''}"
         return (f"{self.shape.name}, {self.shape.n_layers} layers, {sharding}, "
                 f"seq {self.seq_len}, AC {'on' if self.activation_checkpointing else 'off'}")
 
@@ -165,6 +170,8 @@ def track(config: Config) -> dict[str, int]:
     Two steps run; the tracker's statistics are reset after the first, so the peak is that
     of a steady-state step, with the optimizer state allocated.
     """
+    if config.tp > 1:
+        return track_tensor_parallel(config)
     from torch.distributed._composable.checkpoint_activation import checkpoint
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -188,14 +195,106 @@ def track(config: Config) -> dict[str, int]:
         tracker = FSDPMemTracker(model, optimizer)
         tracker.track_inputs((tokens,))
         with tracker:
-            for step in range(2):
-                # No name holds the bf16 logits: they are freed once the fp32 copy exists.
-                F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten()).backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                if step == 0:
-                    tracker.reset_mod_stats()
+            _steps(model, optimizer, tokens, tracker.reset_mod_stats, nullcontext)
         (peak,) = tracker.get_tracker_snapshot("peak").values()
+    return {getattr(key, "value", str(key)): int(value) for key, value in peak.items()}
+
+
+def _steps(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,
+           reset: Callable[[], None], loss_context: Callable[[], AbstractContextManager[Any]]) -> None:
+    """Two training steps, the tracker's statistics reset after the first."""
+    for step in range(2):
+        with loss_context():
+            # No name holds the bf16 logits: they are freed once the fp32 copy exists.
+            F.cross_entropy(model(tokens).flatten(0, 1).float(), tokens.flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:
+            reset()
+
+
+def tensor_parallel(model: Llama, mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Megatron's tensor parallelism with PyTorch's `parallelize_module`, as torchtitan applies
+    it to Llama: q/k/v, w1 and w3 column-parallel, the attention output and w2 row-parallel,
+    the embedding row-parallel, the output projection column-parallel with its logits left
+    sharded over the vocabulary for `loss_parallel`; with `sequence_parallel`, the norms and
+    the residual stream sharded over the sequence between them. Each block's head counts
+    become this rank's (the fused q/k/v weight is taken as laid out rank by rank)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        ParallelStyle,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    between = Shard(1) if sequence_parallel else Replicate()
+    root: dict[str, ParallelStyle] = {
+        "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=between),
+        "output": ColwiseParallel(input_layouts=between, output_layouts=Shard(-1), use_local_output=False)}
+    block: dict[str, ParallelStyle] = {
+        "qkv": ColwiseParallel(input_layouts=between), "wo": RowwiseParallel(output_layouts=between),
+        "w1": ColwiseParallel(input_layouts=between), "w3": ColwiseParallel(input_layouts=between),
+        "w2": RowwiseParallel(output_layouts=between)}
+    if sequence_parallel:
+        root["norm"] = SequenceParallel()
+        block |= {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel()}
+    parallelize_module(model, mesh, root)
+    for layer in model.blocks:
+        assert isinstance(layer, Block)
+        parallelize_module(layer, mesh, block)
+        layer.n_heads //= mesh.size()
+        layer.n_kv_heads //= mesh.size()
+
+
+def track_tensor_parallel(config: Config) -> dict[str, int]:
+    """`track` for tensor parallel inside FSDP2 (a data-parallel by tensor-parallel mesh):
+    PyTorch's `MemTracker`, which follows DTensor parameters (`FSDPMemTracker` does not take
+    a 2-D mesh), so its categories are coarser: parameters (sharded and gathered), gradients,
+    activations, temporaries, optimizer state.
+
+    The model is parallelized and sharded on the meta device before fake tensors exist (FSDP2
+    builds the 2-D mesh's rank map from a real tensor), then materialized under fake tensors.
+    DTensor derives each output's global shape by running the op on fake tensors in the
+    active fake mode; in a real run that is a mode of its own, which the tracker skips, but
+    here it would be the grid's, and the tracker would count global-sized tensors no rank
+    allocates (twice the fp32 logits in the loss's backward). Propagation gets its own mode,
+    as in a real run.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._composable.checkpoint_activation import checkpoint
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import _sharding_prop
+    from torch.distributed.tensor.parallel import loss_parallel
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    shape = config.shape
+    dist.init_process_group("fake", rank=0, world_size=config.world_size * config.tp, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (config.world_size, config.tp), mesh_dim_names=("shard", "tp"))
+        with torch.device("meta"):
+            model = Llama(shape)
+        tensor_parallel(model, mesh["tp"], config.sequence_parallel)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            if config.activation_checkpointing:
+                checkpoint(block)
+            fully_shard(block, mesh=mesh["shard"], mp_policy=policy)
+        fully_shard(model, mesh=mesh["shard"], mp_policy=policy)
+        # The meta parameters are not the fake mode's own tensors: it may read their metadata.
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)  # as in `track`
+            tokens = torch.randint(0, shape.vocab_size, (config.micro_batch, config.seq_len))
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer, tokens)
+            with tracker, mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *_: None):
+                _steps(model, optimizer, tokens, tracker.reset_mod_stats, loss_parallel)
+            (peak,) = tracker.get_tracker_snapshot("peak").values()
+    finally:
+        dist.destroy_process_group()
     return {getattr(key, "value", str(key)): int(value) for key, value in peak.items()}
 
 
@@ -207,7 +306,8 @@ def predict(config: Config) -> dict[str, float]:
         micro_batch=config.micro_batch, hidden=s.hidden, n_heads=s.n_heads, n_layers=s.n_layers,
         activation_checkpointing=config.activation_checkpointing, param_bytes=4, grad_bytes=4, master_bytes=0,
         optimizer_bytes=8, ffn_hidden=s.ffn_hidden, gated_mlp=True, n_kv_heads=s.n_kv_heads,
-        vocab_size=s.vocab_size, compute_bytes=2, transients=True)
+        vocab_size=s.vocab_size, tp_degree=config.tp, sequence_parallel=config.sequence_parallel, compute_bytes=2,
+        transients=True)
 
 
 def llama_params(shape: Shape) -> int:
@@ -218,13 +318,16 @@ def llama_params(shape: Shape) -> int:
 
 
 def grid() -> list[Config]:
-    """The full grid: four shapes, FSDP worlds of 8 to 2,048 ranks and HSDP at 405B, recompute off and on."""
+    """The full grid: four shapes, FSDP worlds of 8 to 2,048 ranks, HSDP at 405B, recompute off
+    and on; tensor parallel (with and without sequence parallel) inside FSDP at 7B and 70B."""
     worlds = {LLAMA_7B: (8, 64, 256), LLAMA_13B: (16, 128, 512), LLAMA3_70B: (64, 512, 1024),
               LLAMA3_405B: (256, 2048)}
     fsdp = [Config(shape, n, ac) for shape, sizes in worlds.items() for n in sizes for ac in (False, True)]
     # 405B as Llama 3 trained it: 8 replicas of a 256-rank shard group, 2,048 ranks in all.
     hsdp = [Config(LLAMA3_405B, 256, ac, replicas=8) for ac in (False, True)]
-    return fsdp + hsdp
+    tensor_parallel = [Config(LLAMA_7B, 8, False, tp=4), Config(LLAMA_7B, 8, False, tp=4, sequence_parallel=True),
+                       Config(LLAMA3_70B, 64, True, tp=8, sequence_parallel=True)]
+    return fsdp + hsdp + tensor_parallel
 
 
 def reduced_grid() -> list[Config]:
@@ -249,7 +352,8 @@ def row(config: Config) -> dict[str, Any]:
     predicted = predict(config)
     return {"config": config.label, "shape": asdict(config.shape), "world_size": config.world_size,
             "replicas": config.replicas, "activation_checkpointing": config.activation_checkpointing,
-            "seq_len": config.seq_len, "micro_batch": config.micro_batch, "tracker": measured,
+            "seq_len": config.seq_len, "micro_batch": config.micro_batch, "tp": config.tp,
+            "sequence_parallel": config.sequence_parallel, "tracker": measured,
             "calculator": {key: predicted[key] for key in CATEGORIES.values()},
             "error": predicted["total_bytes"] / measured["Total"] - 1,
             "seconds": round(time.perf_counter() - start, 1)}
@@ -275,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = [c for c in configs if not args.only or any(text in c.label for text in args.only)]
     if not selected:
         parser.error(f"no configuration's label contains {' or '.join(map(repr, args.only))}")
-    record = {**metadata(name), "command": COMMAND + (" --reduced" if args.reduced else ""),
+    record: dict[str, Any] = {**metadata(name), "command": COMMAND + (" --reduced" if args.reduced else ""),
               "data": {"grid": "reduced" if args.reduced else "full", "rows": []}}
     args.out.mkdir(parents=True, exist_ok=True)
     measured: dict[str, dict[str, Any]] = {}
