@@ -334,15 +334,18 @@ def reduced_grid() -> list[Config]:
     """Llama proportions at sizes that run in seconds (the test suite's grid): FFN 2.75-3.5 x
     hidden, grouped-query attention, tokens per rank from a quarter of the hidden size (as at
     405B) to twice it, two to four blocks, FSDP over 8 and 64 ranks and HSDP (4 replicas of 8
-    and of 16), recompute off and on."""
+    and of 16), recompute off and on; tensor parallel of 4 inside FSDP of 8, with sequence
+    parallel and recompute and without either."""
     like_8b, like_70b = Shape("8B-like", 1024, 3, 16, 4, 2816, 4096), Shape("70B-like", 1024, 3, 16, 4, 3584, 4096)
     like_405b = Shape("405B-like", 2048, 3, 16, 2, 6656, 4096)
     two_blocks = Shape("2 blocks", 1024, 2, 16, 4, 2816, 8000)
     small_vocab = Shape("small vocabulary", 512, 4, 8, 2, 1792, 1024)
+    tensor_parallel = Shape("tensor parallel", 512, 2, 8, 4, 1408, 4096)
     return [Config(like_8b, 8, False, 1024), Config(like_8b, 8, True, 1024), Config(like_70b, 64, True, 512),
             Config(like_405b, 64, False, 512), Config(like_405b, 64, True, 512), Config(two_blocks, 8, True, 1024),
             Config(small_vocab, 64, False, 1024), Config(like_8b, 8, True, 1024, replicas=4),
-            Config(like_405b, 16, False, 512, replicas=4)]
+            Config(like_405b, 16, False, 512, replicas=4), Config(tensor_parallel, 8, False, 1024, tp=4),
+            Config(tensor_parallel, 8, True, 1024, tp=4, sequence_parallel=True)]
 
 
 def row(config: Config) -> dict[str, Any]:
