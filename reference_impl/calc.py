@@ -94,7 +94,11 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     Both add `5 x n_heads x seq_len` bytes per token when `stores_attention_scores`
     (unfused attention keeps the scores; PyTorch's `scaled_dot_product_attention` does not).
     Tensor parallelism divides the parts inside the attention and the MLP by `tp_degree`;
-    the hidden-sized tensors around them only with `sequence_parallel`. With full activation
+    the hidden-sized tensors around them only with `sequence_parallel`. In the Llama block
+    as PyTorch runs it (`parallelize_module`) one of the 12 hidden-sized tensors, the
+    row-parallel output, is whole on every rank, so 10 sit around the parallel region; and
+    sequence parallel keeps the all-gathered inputs of q/k/v, w1 and w3 (each its own copy,
+    `3 c hidden` whole) where Megatron-LM gathers them again in backward. With full activation
     checkpointing every layer keeps only its input, `c x T x hidden`, and one layer's
     activations are live while it is recomputed. Under a pipeline the first stage holds
     `pp_degree` micro-batches of its `n_layers / pp_degree` layers (1F1B), as many as all
@@ -106,7 +110,10 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
 
     - the loss: every layer's activations, the unsharded root (embedding and output
       projection, `2 x vocab_size x hidden`, kept gathered through the step), the fp32
-      log-softmax of the logits stored, and two fp32 logits-sized gradients;
+      log-softmax of the logits stored, and two fp32 logits-sized gradients (three under
+      tensor parallel's `loss_parallel`, which keeps its sharded logits);
+    - the final norm's backward: the output projection's bf16 gradient and six fp32
+      hidden-sized tensors (whole on every tensor-parallel rank without sequence parallel);
     - (`zero3`/`fsdp`) inside the SwiGLU backward of a block: the root and that block
       gathered (`unsharded_params_bytes`), the next block's all-gather buffer
       (`all_gather_bytes`), the block above's fp32 gradients on their way to the
@@ -120,10 +127,14 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     backward), with the prefetch the tracker shows: none below block 0 and none in the
     first block to run backward, except inside its SwiGLU without recompute. On the
     certified grid (`python -m reference_impl.memory_grid`) the peak is within 5% of the
-    tracker's; the tensor-parallel, pipeline and context-parallel terms are Megatron-LM's
-    accounting, not certified. Not counted: the allocator's fragmentation and its cached
-    free blocks, which depend on the order of allocations and on the allocator, not on
-    sizes (PyTorch's `expandable_segments` makes them small).
+    tracker's, tensor parallel (with and without sequence parallel) inside FSDP2 included,
+    against PyTorch's `MemTracker`; not modelled: tensor parallel of 4 or more without
+    sequence parallel under recompute, where the peak moves into a block's RMSNorm backward
+    (its fp32 tensors whole on every rank; 10% low on the reduced case). The pipeline and
+    context-parallel terms are Megatron-LM's accounting, not certified. Not counted: the
+    allocator's fragmentation and its cached free blocks, which depend on the order of
+    allocations and on the allocator, not on sizes (PyTorch's `expandable_segments` makes
+    them small).
 
     Args:
         params: Number of model parameters.
