@@ -334,8 +334,8 @@ def reduced_grid() -> list[Config]:
     """Llama proportions at sizes that run in seconds (the test suite's grid): FFN 2.75-3.5 x
     hidden, grouped-query attention, tokens per rank from a quarter of the hidden size (as at
     405B) to twice it, two to four blocks, FSDP over 8 and 64 ranks and HSDP (4 replicas of 8
-    and of 16), recompute off and on; tensor parallel of 4 inside FSDP of 8, with recompute, and
-    with sequence parallel (its stored activations) instead."""
+    and of 16), recompute off and on; tensor parallel of 4 inside FSDP of 8 with and without
+    sequence parallel, and of 2 with recompute."""
     like_8b, like_70b = Shape("8B-like", 1024, 3, 16, 4, 2816, 4096), Shape("70B-like", 1024, 3, 16, 4, 3584, 4096)
     like_405b = Shape("405B-like", 2048, 3, 16, 2, 6656, 4096)
     two_blocks = Shape("2 blocks", 1024, 2, 16, 4, 2816, 8000)
@@ -344,8 +344,9 @@ def reduced_grid() -> list[Config]:
     return [Config(like_8b, 8, False, 1024), Config(like_8b, 8, True, 1024), Config(like_70b, 64, True, 512),
             Config(like_405b, 64, False, 512), Config(like_405b, 64, True, 512), Config(two_blocks, 8, True, 1024),
             Config(small_vocab, 64, False, 1024), Config(like_8b, 8, True, 1024, replicas=4),
-            Config(like_405b, 16, False, 512, replicas=4), Config(tensor_parallel, 8, True, 1024, tp=4),
-            Config(tensor_parallel, 8, False, 1024, tp=4, sequence_parallel=True)]
+            Config(like_405b, 16, False, 512, replicas=4), Config(tensor_parallel, 8, False, 1024, tp=4),
+            Config(tensor_parallel, 8, False, 1024, tp=4, sequence_parallel=True),
+            Config(tensor_parallel, 8, True, 1024, tp=2)]
 
 
 def row(config: Config) -> dict[str, Any]:
