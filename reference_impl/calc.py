@@ -99,7 +99,11 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     Both add `5 x n_heads x seq_len` bytes per token when `stores_attention_scores`
     (unfused attention keeps the scores; PyTorch's `scaled_dot_product_attention` does not).
     Tensor parallelism divides the parts inside the attention and the MLP by `tp_degree`;
-    the hidden-sized tensors around them only with `sequence_parallel`. With full activation
+    the hidden-sized tensors around them only with `sequence_parallel`. In the Llama block
+    as PyTorch runs it (`parallelize_module`) one of the 12 hidden-sized tensors, the
+    row-parallel output, is whole on every rank, so 10 sit around the parallel region; and
+    sequence parallel keeps the all-gathered inputs of q/k/v, w1 and w3 (each its own copy,
+    `3 c hidden` whole) where Megatron-LM gathers them again in backward. With full activation
     checkpointing every layer keeps only its input, `c x T x hidden`, and one layer's
     activations are live while it is recomputed. Under a pipeline the first stage holds
     `pp_degree` micro-batches of its `n_layers / pp_degree` layers (1F1B), as many as all
@@ -127,7 +131,10 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
 
     - the loss: every layer's activations, the unsharded root (embedding and output
       projection, `2 x vocab_size x hidden`, kept gathered through the step), the fp32
-      log-softmax of the logits stored, and two fp32 logits-sized gradients;
+      log-softmax of the logits stored, and two fp32 logits-sized gradients (three under
+      tensor parallel's `loss_parallel`, which keeps its sharded logits);
+    - the final norm's backward: the output projection's bf16 gradient and six fp32
+      hidden-sized tensors (whole on every tensor-parallel rank without sequence parallel);
     - (`zero3`/`fsdp`) inside the SwiGLU backward of a block: the root and that block
       gathered (`unsharded_params_bytes`), the next block's all-gather buffer
       (`all_gather_bytes`), the block above's fp32 gradients on their way to the
@@ -141,10 +148,14 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     backward), with the prefetch the tracker shows: none below block 0 and none in the
     first block to run backward, except inside its SwiGLU without recompute. On the
     certified grid (`python -m reference_impl.memory_grid`) the peak is within 5% of the
-    tracker's; the tensor-parallel, pipeline and context-parallel terms are Megatron-LM's
-    accounting, not certified. Not counted: the allocator's fragmentation and its cached
-    free blocks, which depend on the order of allocations and on the allocator, not on
-    sizes (PyTorch's `expandable_segments` makes them small).
+    tracker's, tensor parallel (with and without sequence parallel) inside FSDP2 included,
+    against PyTorch's `MemTracker`; not modelled: tensor parallel of 4 or more without
+    sequence parallel under recompute, where the peak moves into a block's RMSNorm backward
+    (its fp32 tensors whole on every rank; 10% low on the reduced case). The pipeline and
+    context-parallel terms are Megatron-LM's accounting, not certified. Not counted: the
+    allocator's fragmentation and its cached free blocks, which depend on the order of
+    allocations and on the allocator, not on sizes (PyTorch's `expandable_segments` makes
+    them small).
 
     Args:
         params: Number of model parameters.
@@ -249,12 +260,18 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     tokens = s * b / cp
     kv = h // a * kv_heads
     sp_divisor = t if sp else 1
-    if gated:  # 12 hidden-sized: q, the attention output and its copy inside TP's region, 9 around it
-        around, inside = c * 9 * h + 8, c * (h + 2 * kv + 2 * h + 4 * f) + 4 * a
+    gathered_inputs = 0.0
+    if gated:  # 12 hidden-sized: q and the attention output inside TP's region, 10 around it
+        around, inside = c * 10 * h + 8, c * (h + 2 * kv + h + 4 * f) + 4 * a
+        if sp and t > 1:
+            # DTensor's sequence parallel all-gathers the sequence before each column-parallel
+            # projection, which saves the gathered input: q/k/v's and, each its own, w1's and
+            # w3's, in place of the two sequence-sharded norm outputs.
+            around, gathered_inputs = around - 2 * c * h, 3 * c * h
     else:  # Korthikanti's 10 sbh outside the tensor-parallel region, 24 sbh inside
         around, inside = c * 4 * h + 2 * h, c * (2 * h + 2 * kv + 2 * f)
     score_bytes = tokens * 5 * a * s / cp / t if scores else 0.0
-    per_layer = tokens * (around / sp_divisor + inside / t) + score_bytes
+    per_layer = tokens * (around / sp_divisor + gathered_inputs + inside / t) + score_bytes
     recomputed_scores = score_bytes if selective else 0.0  # one layer's, live while recomputed
     kept = per_layer - recomputed_scores
     stage_layers = layers // pp
@@ -279,12 +296,22 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     # Under a pipeline the last stage holds the output projection and the logits, the larger end.
     root_params = (2 if pp == 1 else 1) * vocab * h / t + (h if vocab else 0)
     logits = tokens * vocab / t
-    around_root = 5 * layer_input if vocab else 0  # embedding output, final norm's saved tensors
+    # The embedding's output and the final norm's saved tensors; the output projection's input
+    # whole (sequence parallel gathers it).
+    around_root = 4 * layer_input + c * tokens * h if vocab else 0
+    # Loss parallel (tensor parallel) adds a third fp32 logits-sized temporary: exp(log-softmax).
+    loss_temporaries = (3 if t > 1 else 2) * 4 * logits
     loss = {"sharded_grads_bytes": 0.0 if gathered and held is None else state["grads_bytes"],
             "unsharded_params_bytes": c * root_params if gathered else 0.0,
             "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
-            "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": 2 * 4 * logits}
+            "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": loss_temporaries}
     moments = [loss]
+    if vocab:
+        # The final norm's backward: the loss is freed, the output projection's gradient kept;
+        # the norm's gradient arrives whole (reduced over TP ranks without sequence parallel)
+        # and its fp32 backward holds six hidden-sized fp32 tensors.
+        moments.append({**loss, "activation_bytes": stored + 2 * layer_input,
+                        "temporary_bytes": c * vocab * h / t + 6 * 4 * tokens * h / sp_divisor})
     if gathered:
         # Block `at` (0 nearest the input) in backward: the blocks above it are done (their
         # sharded gradients exist) and the output projection's bf16 gradient waits for the

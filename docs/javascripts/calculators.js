@@ -151,16 +151,20 @@
     var tokens = s * b / cp;
     var kv = h / a * kvHeads;
     var spDivisor = sp ? t : 1;
-    var around, inside;
+    var around, inside, gatheredInputs = 0;
     if (gated) {
-      around = c * 9 * h + 8;
-      inside = c * (h + 2 * kv + 2 * h + 4 * f) + 4 * a;
+      around = c * 10 * h + 8;
+      inside = c * (h + 2 * kv + h + 4 * f) + 4 * a;
+      if (sp && t > 1) {  // the gathered inputs of q/k/v, w1 and w3, kept whole
+        around -= 2 * c * h;
+        gatheredInputs = 3 * c * h;
+      }
     } else {
       around = c * 4 * h + 2 * h;
       inside = c * (2 * h + 2 * kv + 2 * f);
     }
     var scoreBytes = scores ? tokens * 5 * a * s / cp / t : 0;
-    var perLayer = tokens * (around / spDivisor + inside / t) + scoreBytes;
+    var perLayer = tokens * (around / spDivisor + gatheredInputs + inside / t) + scoreBytes;
     var recomputedScores = selective ? scoreBytes : 0;
     var kept = perLayer - recomputedScores;
     var stageLayers = layers / pp;
@@ -188,13 +192,21 @@
     var blockParams = (h * (h + 2 * kv) + h * h + (gated ? 3 : 2) * h * f) / t + 2 * h;
     var rootParams = (pp === 1 ? 2 : 1) * vocab * h / t + (vocab ? h : 0);
     var logits = tokens * vocab / t;
-    var aroundRoot = vocab ? 5 * layerInput : 0;
-    var moments = [{
+    var aroundRoot = vocab ? 4 * layerInput + c * tokens * h : 0;
+    var loss = {
       sharded_grads_bytes: gathered && held === null ? 0 : out.grads_bytes,
       unsharded_params_bytes: gathered ? c * rootParams : 0,
       all_gather_bytes: 0, reduce_scatter_bytes: 0,
-      activation_bytes: stored + aroundRoot + 4 * logits, temporary_bytes: 2 * 4 * logits
-    }];
+      activation_bytes: stored + aroundRoot + 4 * logits, temporary_bytes: (t > 1 ? 3 : 2) * 4 * logits
+    };
+    var moments = [loss];
+    if (vocab) {  // the final norm's backward
+      var norm = {};
+      Object.keys(loss).forEach(function (key) { norm[key] = loss[key]; });
+      norm.activation_bytes = stored + 2 * layerInput;
+      norm.temporary_bytes = c * vocab * h / t + 6 * 4 * tokens * h / spDivisor;
+      moments.push(norm);
+    }
     if (gathered) {
       var recomputed = tokens * c * f / t;
       var attentionParams = (h * (h + 2 * kv) + h * h) / t;

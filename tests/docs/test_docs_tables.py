@@ -125,7 +125,7 @@ def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(na
     rows = record["data"]["rows"]
     for r in rows:
         config = Config(Shape(**r["shape"]), r["world_size"], r["activation_checkpointing"], r["seq_len"],
-                        r["micro_batch"], r.get("replicas", 1))
+                        r["micro_batch"], r.get("replicas", 1), r.get("tp", 1), r.get("sequence_parallel", False))
         assert predict(config)["total_bytes"] == pytest.approx(r["calculator"]["total_bytes"], rel=1e-12), r["config"]
         assert abs(r["error"]) <= 0.05, r["config"]
     lines = _computed_tables()[name].splitlines()
