@@ -195,9 +195,15 @@
     reveal.querySelector(close ? ".handbook-mock__knew" : ".handbook-mock__again").focus();
   }
 
+  // One mark per template: a miss anywhere in its chain keeps it on the review list even if
+  // a later follow-up of this mock goes well.
   function grade(host, value) {
-    mark(state.template.title, value);
-    if (value === "again") state.again += 1;
+    var title = state.template.title;
+    if (value === "again") {
+      state.again += 1;
+      state.missed[title] = true;
+    }
+    if (value === "again" || !state.missed[title]) mark(title, value);
     showReviewList(host);
     if (!state.done) next(host);
   }
@@ -205,7 +211,7 @@
   function start(host) {
     var minutes = Number(host.querySelector(".handbook-mock__mode").value);
     if (state) clearInterval(state.timer);
-    state = { deadline: Date.now() / 1000 + minutes * 60, asked: 0, close: 0, again: 0, done: false,
+    state = { deadline: Date.now() / 1000 + minutes * 60, asked: 0, close: 0, again: 0, done: false, missed: {},
       template: null, question: null };
     state.timer = setInterval(function () { tick(host); }, 1000);
     host.querySelector(".handbook-mock__summary").textContent = "";
@@ -225,8 +231,9 @@
       '<p class="handbook-mock__summary" role="status"></p>' +
       '<div class="handbook-mock__card admonition question" hidden>' +
       '<p class="admonition-title handbook-mock__title"></p>' +
-      '<p class="handbook-mock__question"></p><p><strong class="handbook-mock__followup"></strong></p>' +
-      '<p><label>Your answer <input type="number" step="any" class="handbook-mock__answer"></label> ' +
+      '<p><strong class="handbook-mock__followup"></strong></p><p class="handbook-mock__question"></p>' +
+      '<p><label>Your answer <input type="number" step="any" class="handbook-mock__answer" ' +
+      'style="border: 1px solid currentColor; border-radius: 2px; padding: 0.2em 0.4em"></label> ' +
       '<span class="handbook-mock__unit"></span> ' +
       '<button type="button" class="md-button handbook-mock__check">Check</button></p>' +
       '<div class="handbook-mock__reveal" hidden>' +

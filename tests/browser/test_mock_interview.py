@@ -3,8 +3,8 @@
 The page draws a question with a fixed seed; its answer, from `window.handbookCalc`, must
 equal `reference_impl.mock_questions.answer` for the numbers it drew, and so must the
 page's answers for seeded draws of every template. A wrong answer marked "Review again"
-must land in the quiz's storage (the review list), the follow-up must change one number,
-and the clock must show the time left of the chosen mode.
+must land in the quiz's storage (the review list) and stay there when the follow-up, which
+changes one number, goes well; the clock must show the time left of the chosen mode.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import random
 import re
 
 import pytest
+from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
 from reference_impl import mock_questions as mq
-from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -31,7 +31,7 @@ def _start(page, minutes: int, seed: int) -> dict:
     return page.evaluate("() => window.handbookMock.current()")
 
 
-def test_mock_interview_draws_grades_and_times(browser, server) -> None:
+def test_mock_interview_draws_grades_and_times(browser, server) -> None:  # noqa: F811
     context, page = _new_page(browser)
     problems = Problems(page)
     templates = {t["id"]: t for t in mq.TEMPLATES}
@@ -67,6 +67,11 @@ def test_mock_interview_draws_grades_and_times(browser, server) -> None:
         assert follow["id"] == first["id"] and follow["step"] == 0
         assert follow["params"] == mq.follow_up(template, first["params"], 0)
         assert follow["answer"] == pytest.approx(mq.answer(template, follow["params"]), rel=1e-9)
+        page.fill(".handbook-mock__answer", repr(follow["answer"]))
+        page.click(".handbook-mock__check")
+        assert page.text_content(".handbook-mock__verdict").startswith("Within 10%")
+        page.click(".handbook-mock__knew")
+        assert page.evaluate(STORED, key) == "again", "a right follow-up cleared the miss"
 
         page.reload(wait_until="load")  # the same seed draws the same question; the mark stays
         page.wait_for_selector(".handbook-mock[data-ready=true]")
