@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # handbook_pdf
 
 import handbook_docs_support as support  # noqa: E402
 

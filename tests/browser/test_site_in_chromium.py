@@ -7,7 +7,6 @@ the test fails, never skips, when it is missing.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import subprocess
 import sys
@@ -19,23 +18,11 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+from handbook_pdf import OPEN_SHADOW_ROOTS, chromium
 from launch import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--no-first-run", "--disable-default-apps", "--disable-extensions",
-]
-# Material renders each diagram into a closed shadow root; open it so the SVG can be inspected.
-OPEN_SHADOW_ROOTS = """
-const attach = Element.prototype.attachShadow;
-Element.prototype.attachShadow = function (init) {
-  return attach.call(this, Object.assign({}, init, {mode: "open"}));
-};
-"""
 COUNT_RENDERED = """
 () => Array.from(document.querySelectorAll("div.mermaid")).filter(
   (host) => host.shadowRoot && host.shadowRoot.querySelector("svg")).length
@@ -103,16 +90,8 @@ def server(built_site: Path):
 
 @pytest.fixture(scope="module")
 def browser():
-    assert Path(CHROMIUM).is_file(), (
-        f"Chromium not found at {CHROMIUM}: apt-get install -y chromium fonts-liberation "
-        "(or set CHROMIUM to a Chrome/Chromium binary)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-                              timeout=60_000)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 class Problems:
