@@ -31,7 +31,8 @@ attempt, rank, world = (int(os.environ[k]) for k in ("TORCHELASTIC_RESTART_COUNT
 # dead attempt's addresses from the agent's store.
 base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
 dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{attempt}", base), rank=rank, world_size=world)
-print(json.dumps({"event": "group_formed", "attempt": attempt, "rank": rank, "time": time.time()}), flush=True)
+if rank == 0:  # one writer: two ranks' lines on one pipe can interleave
+    print(json.dumps({"event": "group_formed", "attempt": attempt, "time": time.time()}), flush=True)
 if attempt == 0:
     dist.barrier()
     if rank == 1:
