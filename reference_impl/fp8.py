@@ -22,13 +22,13 @@ from torch import nn
 
 # --8<-- [end:imports]
 
-E4M3 = torch.float8_e4m3fn
-E5M2 = torch.float8_e5m2
-# The GPU kernel needs both dimensions of each operand to be multiples of 16.
-ALIGN = 16
-
 
 # --8<-- [start:cast]
+E4M3 = torch.float8_e4m3fn  # forward: 3 mantissa bits, largest finite value 448
+E5M2 = torch.float8_e5m2    # gradients: 2 mantissa bits, largest finite value 57344
+ALIGN = 16  # the GPU kernel needs every operand dimension to be a multiple of 16
+
+
 def to_float8(t: torch.Tensor, dtype: torch.dtype,
               scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Cast `t` to the fp8 `dtype` after multiplying by `scale`; return it and 1/scale.

@@ -18,7 +18,7 @@ from reference_impl.train import build_dataset
 # grad_input 0.060, grad_weight 0.061; bf16 gives 0.003 on all three. The bounds leave
 # about 30% margin.
 OUT_BOUND, GRAD_BOUND, BF16_BOUND = 0.05, 0.08, 0.005
-# torch's CPU kernel for _scaled_mm is an emulation about 100x slower than an fp32 matmul,
+# torch's CPU kernel for _scaled_mm is an emulation, tens of times slower than an fp32 matmul,
 # so the model tests use the smallest shapes whose every Linear is a multiple of 16.
 TINY = TrainConfig(model="transformer", dropout=0.0, d_model=32, n_heads=2, hidden_dim=32,
                    vocab_size=32, seq_len=16, n_layers=1)
@@ -127,14 +127,16 @@ def test_training_follows_the_fp32_loss_curve() -> None:
         curves.append(torch.tensor(curve))
     fp32, fp8 = curves
     assert fp32[-1] < 0.8 * fp32[0]  # the curve moves, so following it means something
-    assert ((fp8 - fp32).abs() / fp32).max() < 0.01
+    assert ((fp8 - fp32).abs() / fp32).max() < 0.015  # measured 0.0048, loss 3.57 -> 1.68
 
 
 def test_savings() -> None:
     s = savings(tokens=4096, in_features=4096, out_features=4096)
     assert s["matmul_read_ratio"] == pytest.approx(0.5, abs=1e-6)
     assert s["saved_ratio"] == pytest.approx(0.5, abs=1e-6)
-    assert s["saved_bytes_high"] == 2 * (2 * 4096 * 4096)
+    # The page's table: 201.3 MB read and 67.1 MB saved in bf16, half of each in FP8.
+    assert (s["matmul_read_bytes_high"], s["saved_bytes_high"]) == (201_326_592, 67_108_864)
+    assert (s["matmul_read_bytes_fp8"], s["saved_bytes_fp8"]) == (100_663_308, 33_554_440)
     assert savings(1, 16, 16, high_bytes=4)["matmul_read_ratio"] < 0.3
     with pytest.raises(ValueError):
         savings(0, 16, 16)
