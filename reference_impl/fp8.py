@@ -10,8 +10,10 @@ they span more orders of magnitude than activations do.
 The file imports only torch, so it can be pasted alone. `torch._scaled_mm` runs on CPU
 (an emulation, slower than a bf16 matmul) and, on GPUs with FP8 tensor cores (H100 and
 later), on the hardware. The code follows the GPU kernel's rules even where the CPU kernel
-is laxer: the first operand row-major and the second column-major, both dimensions of
-each weight a multiple of 16, scales as fp32 scalars, and no e5m2 x e5m2 product.
+is laxer (torch 2.13's CPU kernel takes any layout and shape): the first operand row-major
+and the second column-major, both dimensions of each weight a multiple of 16, scales as
+fp32 scalars, and no e5m2 x e5m2 product. On the GPU the number of tokens must be a
+multiple of 16 as well: it is the inner dimension of the weight-gradient matmul.
 """
 
 # --8<-- [start:imports]
