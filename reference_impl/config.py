@@ -130,6 +130,9 @@ class TrainConfig:
     """Transformer: dropout probability (exercises RNG state on resume)."""
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward pass instead of storing activations."""
+    fp8: bool = False
+    """Transformer: run every Linear whose dimensions are multiples of 16 in float8 (e4m3
+    inputs and weights, e5m2 gradients, per-tensor dynamic scales); weights stay full precision."""
     fsdp_grad_sync: Literal["last", "every"] = "last"
     """FSDP with accumulation: reduce-scatter on the last micro-batch only (less traffic,
     unsharded gradients held in memory) or on every micro-batch (sharded, more traffic)."""
@@ -249,6 +252,10 @@ class TrainConfig:
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x data-parallel size)")
         if self.activation_checkpointing and self.model != "transformer":
             _fail("activation_checkpointing needs --model transformer (it recomputes blocks)")
+        if self.fp8 and self.model != "transformer":
+            _fail("fp8 needs --model transformer (the model whose linears it swaps)")
+        if self.fp8 and self.tp_degree > 1:
+            _fail("fp8 does not combine with tp_degree above 1 (its matmul takes plain tensors, not DTensors)")
         if self.fsdp_grad_sync == "every" and self.strategy != "fsdp":
             _fail("fsdp_grad_sync every needs --strategy fsdp (DDP always syncs on the last micro-batch)")
         if self.async_checkpoint and self.strategy != "fsdp":

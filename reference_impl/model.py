@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
+from reference_impl.fp8 import swap_linears
 
 
 # --8<-- [start:mlp]
@@ -136,8 +137,11 @@ def build_model(cfg: TrainConfig) -> nn.Module:
         torch.manual_seed(cfg.seed)
         if cfg.model == "mlp":
             return MLP(cfg.input_dim, cfg.hidden_dim, cfg.num_classes)
-        return TinyTransformer(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
-                               cfg.n_heads, cfg.hidden_dim, cfg.dropout)
+        model = TinyTransformer(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
+                                cfg.n_heads, cfg.hidden_dim, cfg.dropout)
+    if cfg.fp8:
+        swap_linears(model)  # after the seeded init: the same weights as without fp8
+    return model
 
 
 def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
