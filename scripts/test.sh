@@ -12,6 +12,6 @@ if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null
 fi
 # Two workers: much of the suite waits on process start-up and collectives, not the CPU
-# (17 min for the whole suite on a 2-core machine; one worker takes far longer). A later -n in "$@" wins: -n 0 runs
+# (22 min for the whole suite on a 2-core machine; one worker takes far longer). A later -n in "$@" wins: -n 0 runs
 # everything in this process.
 exec "$PY" -m pytest -n 2 "$@"
