@@ -89,7 +89,8 @@ def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart
     assert result["recovery_s"] == pytest.approx(statistics.median(result["recovery_s_all"]), abs=1e-3)
     assert 0 < result["recovery_restored_s"] <= result["recovery_s"], "restored before the first resumed step"
     assert len(result["recovery_floor_s_all"]) == rounds and result["recovery_floor_s"] > 0
-    assert_ratio(result["recovery_floor_ratio"], result["recovery_s"], result["recovery_floor_s"])
+    # Recovery seconds are reported to 3 decimals, the ratio to 4.
+    assert_ratio(result["recovery_floor_ratio"], result["recovery_s"], result["recovery_floor_s"], rounding=5e-4)
     assert result["raw_save_fsync"] is False
 
 
