@@ -41,7 +41,8 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
-                      "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate")
+                      "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate", "compile",
+                      "deterministic")
 # --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
@@ -133,6 +134,13 @@ class TrainConfig:
     fp8: bool = False
     """Transformer: run every Linear whose dimensions are multiples of 16 in float8 (e4m3
     inputs and weights, e5m2 gradients, per-tensor dynamic scales); weights stay full precision."""
+    compile: bool = False
+    """Compile each transformer block's forward (the MLP's whole forward) with torch.compile
+    (inductor); hooks, parameter names and checkpoints stay those of the eager model. The
+    first steps pay the compile time."""
+    deterministic: bool = False
+    """Deterministic kernels (torch.use_deterministic_algorithms, a fixed cuBLAS workspace):
+    on a GPU the only way two runs, or a run and its resume, agree bit for bit; slower."""
     fsdp_grad_sync: Literal["last", "every"] = "last"
     """FSDP with accumulation: reduce-scatter on the last micro-batch only (less traffic,
     unsharded gradients held in memory) or on every micro-batch (sharded, more traffic)."""
@@ -256,6 +264,8 @@ class TrainConfig:
             _fail("fp8 needs --model transformer (the model whose linears it swaps)")
         if self.fp8 and self.tp_degree > 1:
             _fail("fp8 does not combine with tp_degree above 1 (its matmul takes plain tensors, not DTensors)")
+        if self.compile and self.pp_degree > 1:
+            _fail("compile does not combine with pp_degree above 1 (pipeline stages run eagerly)")
         if self.fsdp_grad_sync == "every" and self.strategy != "fsdp":
             _fail("fsdp_grad_sync every needs --strategy fsdp (DDP always syncs on the last micro-batch)")
         if self.async_checkpoint and self.strategy != "fsdp":

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 # --8<-- [end:imports]
 from reference_impl import pipeline, tensor_parallel
+from reference_impl.compiled import compile_units
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.mesh import ParallelDims
@@ -73,6 +74,7 @@ PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
     "ddp": Parallelism("dp_replicate", ddp, sharded=False),
     "fsdp": Parallelism("dp_shard", fsdp, sharded=True),
 }
+DATA_PARALLEL_AXES = ("dp_replicate", "dp_shard")  # their wrappers come last, after compile
 # --8<-- [end:registry]
 
 
@@ -94,11 +96,15 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: Paral
     model = model.to(ctx.device)
     if cfg.activation_checkpointing:
         model.checkpoint_blocks = True  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
-    if not ctx.distributed:
-        return model
-    for parallelism in PARALLELISMS.values():
-        if parallelism.axis in dims.wrapped_axes:
-            model = parallelism.wrap(model, dims.mesh_of(parallelism.axis), cfg)
+    applied = [p for p in PARALLELISMS.values() if ctx.distributed and p.axis in dims.wrapped_axes]
+    # Compile sees the split (pipeline stage, tensor-parallel) model; the data-parallel
+    # wrappers come after it, so their hooks stay outside the compiled code.
+    for parallelism in [p for p in applied if p.axis not in DATA_PARALLEL_AXES]:
+        model = parallelism.wrap(model, dims.mesh_of(parallelism.axis), cfg)
+    if cfg.compile:
+        compile_units(model)
+    for parallelism in [p for p in applied if p.axis in DATA_PARALLEL_AXES]:
+        model = parallelism.wrap(model, dims.mesh_of(parallelism.axis), cfg)
     return model
 # --8<-- [end:wrap_model]
 

@@ -145,9 +145,23 @@ def step_batches(state: TrainState, cfg: TrainConfig) -> Iterator[Iterator[Batch
 
 
 # --8<-- [start:train_loop]
+def use_deterministic_kernels() -> None:
+    """Make every kernel deterministic, so that equal inputs give bit-equal results on a GPU.
+
+    Atomics-based kernels (the embedding's and attention's backward, index_add) sum in
+    whatever order threads finish; their deterministic variants do not. cuBLAS reads its
+    workspace setting when its handle is created, at the first matmul, which comes later.
+    An op without a deterministic variant warns (naming itself) instead of failing the run.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState | None = None,
           on_step: Callable[[TrainState], None] | None = None) -> TrainState:
     """Resume if a checkpoint exists, train to `cfg.max_steps`, return the final state."""
+    if cfg.deterministic:
+        use_deterministic_kernels()
     torch.manual_seed(cfg.seed + ctx.rank)  # per-rank stream (dropout); weights are seeded apart
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from reference_impl import calc
 from reference_impl.bench.async_save import checkpoint_stall, stall_summary
 from reference_impl.bench.common import BenchmarkError, add_rounds_argument, benchmark, report
 from reference_impl.config import ConfigError, TrainConfig
@@ -41,6 +42,25 @@ def peak_bf16_flops(device_name: str) -> float | None:
         device_name: As `torch.cuda.get_device_name` spells it.
     """
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in device_name), None)
+
+
+def predicted_peak_gib(cfg: TrainConfig, params: int, world_size: int) -> dict[str, float]:
+    """`calc.memory`'s answer for this run: steady state (model state plus activations) and
+    the step's peak with transients, in GiB per GPU.
+
+    The trainer keeps fp32 weights and gradients and two fp32 Adam moments (4 + 4 + 0 + 8
+    bytes per parameter; bf16 only in compute), and its blocks are GPT blocks (LayerNorm,
+    a two-matrix GELU MLP), so `gated_mlp` is off; `calc.memory`'s transients follow the
+    Llama block FSDPMemTracker certified, so the peak is an estimate for this model.
+    """
+    answers = {name: calc.memory(
+        params=params, world_size=world_size, strategy=cfg.strategy, seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch_size, hidden=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
+        ffn_hidden=cfg.hidden_dim, vocab_size=cfg.vocab_size, param_bytes=4, grad_bytes=4, master_bytes=0,
+        optimizer_bytes=8, compute_bytes=2 if cfg.precision == "bf16" else 4,
+        activation_checkpointing=cfg.activation_checkpointing, transients=transients)["total_bytes"]
+        for name, transients in (("steady", False), ("peak", True))}
+    return {name: round(value / 2 ** 30, 3) for name, value in answers.items()}
 
 
 def measured_training(cfg: TrainConfig, ctx: DistContext, peak_flops: float | None,
@@ -76,13 +96,23 @@ def measured_training(cfg: TrainConfig, ctx: DistContext, peak_flops: float | No
     phase_ms = {name: round(1e3 * sum(e["phase_s"].get(name, 0.0) for e in windows) / sum(weights), 3)
                 for name in PHASES}
     mfu = flops_per_sample(cfg) * samples_per_s / (ctx.world_size * peak_flops) if peak_flops else None
+    params = sum(p.numel() for p in state.model.parameters())  # an FSDP DTensor counts its global size
     return state, {
         "tokens_per_s": round(samples_per_s * cfg.seq_len, 1),
         "mfu": None if mfu is None else round(mfu, 4),
         "peak_memory_gib": round(torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30, 3),
+        "predicted_memory_gib": predicted_peak_gib(cfg, params, ctx.world_size),
+        "graph_breaks": graph_breaks() if cfg.compile else None,
         "phase_ms_per_step": phase_ms, "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
         "loss_fell": steps[-1]["loss"] < steps[0]["loss"],
     }
+
+
+def graph_breaks() -> int:
+    """Graph breaks dynamo has counted in this process (0: each compiled unit is one graph)."""
+    from torch._dynamo.utils import counters  # imported only by runs that compile
+
+    return sum(counters["graph_break"].values())
 
 
 @benchmark("gpu", "DDP and FSDP2 in bf16 on CUDA: tokens/s, MFU, peak memory, phases, "

@@ -1,0 +1,30 @@
+"""`--compile`: torch.compile (inductor) on the model's repeated units, in place.
+
+Only each unit's `forward` is replaced, never `__call__`: the hooks that DDP, FSDP2 and
+activation checkpointing hang on a module run eagerly around the compiled code, and the
+parameter names (hence state dicts and checkpoints) are those of the eager model, so a
+checkpoint written by a compiled run restores into an eager one and back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+# --8<-- [start:compile_units]
+def compile_units(model: nn.Module) -> list[nn.Module]:
+    """Compile each transformer block's forward (an MLP's whole forward) in place.
+
+    One compiled block serves every block: they share code and shapes, so dynamo traces
+    once and reuses the graph (parameters are graph inputs, not constants). Called after
+    tensor parallel and before DDP or FSDP2 wrap the model, as torchtitan orders it.
+
+    Returns:
+        The modules whose forward is now compiled.
+    """
+    units = list(model.get_submodule("blocks").children()) if hasattr(model, "blocks") else [model]
+    for unit in units:
+        unit.forward = torch.compile(unit.forward)
+    return units
+# --8<-- [end:compile_units]
