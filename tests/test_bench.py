@@ -132,3 +132,17 @@ def test_recovery_times_from_events() -> None:
     assert recovery_times(events) == (2.0, 2.25)
     with pytest.raises(BenchmarkError, match="did not show a kill"):
         recovery_times(events[:3])
+
+
+def test_the_relaunch_under_torchrun_passes_a_command_line_torchrun_accepts() -> None:
+    """torchrun's parser also scans the module's arguments and rejects `--nproc` there (an
+    ambiguous abbreviation of its `--nproc-per-node`): the launcher must not pass it on."""
+    from torch.distributed.run import get_args_parser
+
+    from reference_impl.bench import _without_nproc
+    from reference_impl.launch import torchrun_command
+
+    argv = ["gpu", "--nproc", "1", "--rounds", "1", "--nproc=1", "--compile"]
+    command = torchrun_command(1, "reference_impl.bench", _without_nproc(argv))
+    parsed = get_args_parser().parse_args(command[3:])  # after `python -m torch.distributed.run`
+    assert parsed.training_script_args == ["gpu", "--rounds", "1", "--compile"]

@@ -282,6 +282,7 @@ def test_host_timer_measures_launch_not_device_time() -> None:
     from reference_impl.metrics import PhaseTimer
 
     a = torch.randn(8192, 8192, device="cuda")
+    a @ a  # the first matmul creates cuBLAS's handle and picks a kernel, blocking the host
     torch.cuda.synchronize()
     launch_ms = naive.naive_time_ms(lambda: [a @ a for _ in range(20)])
     timer = PhaseTimer(torch.device("cuda"))

@@ -46,12 +46,31 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmarks. Options a benchmark does not define are TrainConfig flags.")
     sub = parser.add_subparsers(dest="name", required=True, metavar="NAME")
     for name, bench in BENCHMARKS.items():
-        subparser = sub.add_parser(name, help=bench.help, description=bench.help)
+        # No abbreviations: `--nproc` is dropped by its exact spelling before the relaunch.
+        subparser = sub.add_parser(name, help=bench.help, description=bench.help, allow_abbrev=False)
         bench.add_arguments(subparser)
         if bench.nproc:
             subparser.add_argument("--nproc", type=int, default=bench.nproc,
                                    help="processes torchrun starts, one per device")
     return parser
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    """`argv` less `--nproc N` (or `--nproc=N`), which only the launcher reads.
+
+    torchrun's own parser scans the arguments meant for the module too, and (Python 3.12)
+    rejects `--nproc` there as an ambiguous abbreviation of its `--nproc-per-node`.
+    """
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         preflight(cfg)  # e.g. --device cuda without a GPU
         if launch:
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-            return subprocess.run(torchrun_command(args.nproc, "reference_impl.bench", argv), env=env).returncode
+            ranks_argv = _without_nproc(argv)
+            return subprocess.run(torchrun_command(args.nproc, "reference_impl.bench", ranks_argv),
+                                  env=env).returncode
         bench.run(args, cfg)
     except ConfigError as exc:
         print(f"reference_impl.bench {args.name}: error: {exc}", file=sys.stderr)
