@@ -197,6 +197,10 @@ def _sharded_state(state: TrainState) -> dict[str, Any]:
     return {"model": model_sd, "optim": optim_sd}
 
 
+# From torch 2.13 a stager passed to `async_save` stays open until its owner closes it.
+_CALLER_CLOSES_STAGER = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
+
 class AsyncSaver:
     """Runs DCP saves in the background on a dedicated gloo group.
 
@@ -206,7 +210,10 @@ class AsyncSaver:
     can safely change the parameters. One stager serves every save: it keeps the host
     copies from the first save and copies into them on the next, so a save's stall is a
     memcpy, not fresh allocations and their page faults (the price: one host copy of the
-    rank's state held for the run). Rank 0 publishes as soon as the write completes.
+    rank's state held for the run). Before torch 2.13, `async_save` closes the stager it
+    is given when the save completes (seen with torch 2.11: the next save failed with
+    `KeyError: <class 'type'>`), so there each save gets a stager of its own. Rank 0
+    publishes as soon as the write completes.
     """
 
     def __init__(self, timeout_s: float = 120.0) -> None:
@@ -222,7 +229,7 @@ class AsyncSaver:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        if self._stager is None:
+        if self._stager is None or not _CALLER_CLOSES_STAGER:
             gpu = torch.cuda.is_available()  # pinned buffers and non-blocking copies need a device
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
                                                         use_async_staging=False, use_non_blocking_copy=gpu))
