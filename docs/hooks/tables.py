@@ -9,6 +9,8 @@
 * `memory_grid`, `memory_grid_reduced`: `calc.memory` against PyTorch's `FSDPMemTracker`
   on the grids that `python -m reference_impl.memory_grid [--reduced]` writes to
   `docs/data/`, with the torch version and the date of the run;
+* `gpu`: `python -m reference_impl.bench gpu` on a real GPU (`docs/data/gpu.json`, the JSON
+  lines of its runs), eager, compiled and compiled in float8, with the device and versions;
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
   data file the `pipeline` plot beside it draws (`hooks/plots.py`), so table and plot
   always show the same run.
@@ -107,6 +109,28 @@ def pipeline_bubble() -> str:
     return "\n".join(rows)
 
 
+def gpu() -> str:
+    """Each `bench gpu` run of `docs/data/gpu.json`: throughput, MFU, memory, phases, stall."""
+    record = json.loads((DATA / "gpu.json").read_text(encoding="utf-8"))
+    rows = ["| Run | Strategy | Tokens/s | MFU | Peak GiB | calc.memory GiB | Forward ms | Backward ms "
+            "| Optimizer ms | Async stall / sync |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, run in record["data"]["runs"].items():
+        stall = run["checkpoint_stall"]
+        for strategy in ("ddp", "fsdp"):
+            r, phases = run[strategy], run[strategy]["phase_ms_per_step"]
+            stalled = f"{stall['blocked_s']:.2f} s / {stall['sync_s']:.2f} s" if strategy == "fsdp" else "(FSDP only)"
+            rows.append(f"| {name.replace('_', ' + ')} | {strategy.upper()} | {r['tokens_per_s']:,.0f} "
+                        f"| {r['mfu']:.1%} | {r['peak_memory_gib']:.2f} | {r['predicted_memory_gib']['peak']:.2f} "
+                        f"| {phases['forward']:.1f} | {phases['backward']:.1f} | {phases['optimizer']:.1f} "
+                        f"| {stalled} |")
+    first = next(iter(record["data"]["runs"].values()))
+    rows.append(f"\n{first['global_batch_size']} sequences of {first['seq_len']} tokens per step, {first['steps']} "
+                f"steps, the first 10 left out; MFU against {first['peak_bf16_flops'] / 1e12:.0f} TFLOP/s. "
+                f"torch {record['torch']} (CUDA {record['data']['cuda']}), {record['device']}, {record['date']}, "
+                f"commit {record['commit']}. Regenerate with `{record['command']}`.")
+    return "\n".join(rows)
+
+
 def memory_grid() -> str:
     """The grid at Llama-2 and Llama-3 shapes (`docs/data/memory_grid.json`)."""
     return _memory_grid("memory_grid")
@@ -119,7 +143,7 @@ def memory_grid_reduced() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
-                                        "pipeline_bubble": pipeline_bubble}
+                                        "pipeline_bubble": pipeline_bubble, "gpu": gpu}
 
 
 def table(name: str) -> str:
