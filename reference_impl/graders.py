@@ -123,6 +123,193 @@ def _rank_entry(target: Callable[..., Any], args: tuple, rank: int, nprocs: int,
 # --8<-- [end:common]
 
 
+# --8<-- [start:dist]
+import datetime
+
+import torch.distributed as dist
+
+
+def _gloo_group() -> None:
+    """Join the group `run_ranks` describes in the environment; a dead peer fails a collective in
+    30 s instead of never."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+# --8<-- [end:dist]
+
+
+# --8<-- [start:drill_1]
+import builtins
+import dataclasses
+from collections.abc import Iterable
+
+
+def grade_drill_1(config_cls: type, operational: Iterable[str] = ()) -> Results:
+    """Drill 1: `config_cls` is a dataclass whose fields all have defaults, `global_batch_size` and
+    `micro_batch_size` among them, with `grad_accum_steps(world_size)` and `digest()`.
+    `operational` names the fields that do not change what a step computes (logging, paths,
+    timeouts), which the digest may leave out."""
+    skip = set(operational)
+
+    def digest_with_hash_salted(salt: int) -> str:
+        real = builtins.hash  # another process salts str hashes another way: so does this
+        builtins.hash = lambda obj: real((salt, obj))
+        try:
+            return config_cls().digest()
+        finally:
+            builtins.hash = real
+
+    def stable_across_processes() -> None:
+        assert config_cls().digest() == config_cls().digest(), "two equal configs get different digests"
+        assert digest_with_hash_salted(1) == digest_with_hash_salted(2), (
+            "the digest changes with hash()'s salt: Python salts it per process, so every start gets a new one")
+
+    def every_field_changes_it() -> None:
+        assert "global_batch_size" not in skip, "global_batch_size changes what a step computes"
+        base = config_cls()
+        same = [f.name for f in dataclasses.fields(base) if f.name not in skip
+                and (other := _another_value(base, f.name)) is not None and other.digest() == base.digest()]
+        assert not same, f"changing {', '.join(same)} leaves the digest as it was"
+
+    def accumulation_is_derived() -> None:
+        free = [f.name for f in dataclasses.fields(config_cls) if "accum" in f.name]
+        assert not free, f"{free[0]} is a field: a change of world size would change the global batch"
+        cfg = dataclasses.replace(config_cls(), global_batch_size=64, micro_batch_size=16)
+        got = {world: cfg.grad_accum_steps(world) for world in (1, 2, 4)}
+        assert got == {1: 4, 2: 2, 4: 1}, f"global batch 64, micro-batch 16: steps per world size {got}, want 4, 2, 1"
+
+    def indivisible_batch_raises() -> None:
+        try:
+            dataclasses.replace(config_cls(), global_batch_size=48, micro_batch_size=16).grad_accum_steps(2)
+        except ValueError as e:
+            missing = [name for name in ("global_batch_size", "micro_batch_size") if name not in str(e)]
+            assert not missing, f"the error does not name {', '.join(missing)}: {e}"
+        else:
+            raise AssertionError("global_batch_size 48, micro_batch_size 16 on 2 ranks (48 is not a multiple "
+                                 "of 32) raises no ValueError")
+
+    return _grade("drill 1: config with a stable digest", {
+        "the digest does not depend on Python's salted hash()": stable_across_processes,
+        "changing any field that a step depends on changes the digest": every_field_changes_it,
+        "accumulation is derived from global batch, micro-batch and world size": accumulation_is_derived,
+        "an indivisible global batch raises a ValueError naming both fields": indivisible_batch_raises,
+    })
+
+
+def _another_value(cfg: Any, name: str) -> Any:
+    """`cfg` with field `name` changed to the first other value its validation accepts, or None."""
+    value = getattr(cfg, name)
+    if isinstance(value, bool):
+        tries: list[Any] = [not value]
+    elif isinstance(value, (int, float)):
+        tries = [value * 2, value + 1, value / 2, value - 1]
+    else:
+        tries = ["fp32", "fp16", "bf16", f"{value}-other", "other"]
+    for other in tries:
+        with contextlib.suppress(Exception):  # the field's validation refuses this value: try the next
+            if other != value:
+                return dataclasses.replace(cfg, **{name: type(value)(other)})
+    return None
+# --8<-- [end:drill_1]
+
+
+# --8<-- [start:drill_2]
+def grade_drill_2(setup: Callable[[], Any], timeout: float = 60.0) -> Results:
+    """Drill 2: `setup()` reads the environment torchrun sets, picks the device and the backend,
+    starts the process group when there is more than one rank, and returns an object with
+    `rank`, `local_rank`, `world_size` and `device`, as Cell 2's `init_ranks` does."""
+    alone = run_ranks(_drill_2_alone, 1, (setup,), timeout=timeout)[0]
+    pair = run_ranks(_drill_2_pair, 2, (setup,), timeout=timeout)
+    gpu_node = run_ranks(_drill_2_gpu_node, 1, (setup,), timeout=timeout)[0]
+
+    def ran(runs: list[RankRun], what: str) -> list[dict[str, Any]]:
+        bad = next((r for r in runs if r.exitcode != 0), None)
+        assert bad is None, f"{what}: exit status {bad.exitcode}: {bad.stderr.strip()[-300:]}"
+        return [r.value for r in runs]
+
+    def no_group_alone() -> None:
+        got = ran([alone], "with no launcher")[0]
+        rank, world = got["rank"], got["world_size"]
+        assert (rank, world) == (0, 1), f"with no launcher: rank {rank} of {world}, want rank 0 of 1"
+        assert not got["group"], "with no launcher a process group was started: one process needs none"
+
+    def two_ranks_in_one_gloo_group() -> None:
+        got = ran(pair, "2 ranks under torchrun's environment")
+        seen = [(g["rank"], g["world_size"], g["group_rank"], g["group_size"]) for g in got]
+        assert seen == [(0, 2, 0, 2), (1, 2, 1, 2)], f"(rank, world size, group rank, group size) per rank: {seen}"
+        assert got[0]["sum"] == 1.0, f"an all-reduce of the ranks gives {got[0]['sum']}, want 1"
+        assert torch.cuda.is_available() or got[0]["backend"] == "gloo", f"backend {got[0]['backend']} on a CPU"
+
+    def a_timeout_is_set() -> None:
+        calls = ran(pair, "2 ranks under torchrun's environment")[0]["calls"]
+        assert calls, "init_process_group was not called through torch.distributed"
+        assert calls[0]["timeout"] is not None, (
+            "init_process_group has no timeout: a hung collective waits for the library's default instead of failing")
+
+    def local_rank_picks_the_gpu() -> None:
+        got = ran([gpu_node], "on a node of 8 GPUs as RANK 9, LOCAL_RANK 1")[0]
+        device = got["device"] if ":" in got["device"] or not got["set_device"] else f"cuda:{got['set_device'][-1]}"
+        assert device == "cuda:1", (f"RANK 9, LOCAL_RANK 1 on a node of 8 GPUs picks {device}, want cuda:1: "
+                                    "LOCAL_RANK is the GPU on this node, RANK the index in the whole job")
+        assert got["calls"], "WORLD_SIZE 16 started no process group"
+        backend = got["calls"][0]["backend"]
+        assert backend is None or "nccl" in backend, f"backend {backend!r} on CUDA, want nccl"
+
+    return _grade("drill 2: rank wiring", {
+        "alone: rank 0 of 1 and no process group": no_group_alone,
+        "2 CPU ranks: ranks 0 and 1 of one gloo group that all-reduces": two_ranks_in_one_gloo_group,
+        "the group has a timeout": a_timeout_is_set,
+        "on a GPU node (CUDA faked): LOCAL_RANK picks the GPU, NCCL the backend": local_rank_picks_the_gpu,
+    })
+
+
+def _recording(calls: list[dict[str, Any]], real: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`init_process_group` that notes its backend and timeout, then starts the group (or, with no
+    `real`, only notes them)."""
+    def init(*args: Any, **kwargs: Any) -> Any:
+        timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
+        calls.append({"backend": kwargs.get("backend", args[0] if args else None),
+                      "timeout": None if timeout is None else str(timeout)})
+        return real(*args, **kwargs) if real else None
+    return init
+
+
+def _described(ranks: Any, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"rank": ranks.rank, "local_rank": ranks.local_rank, "world_size": ranks.world_size,
+            "device": str(ranks.device), "group": dist.is_initialized(), "calls": calls}
+
+
+def _drill_2_alone(setup: Callable[[], Any]) -> dict[str, Any]:
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"):
+        os.environ.pop(name, None)  # `python cell.py`: no launcher
+    return _described(setup(), [])
+
+
+def _drill_2_pair(setup: Callable[[], Any]) -> dict[str, Any]:
+    calls: list[dict[str, Any]] = []
+    dist.init_process_group = _recording(calls, dist.init_process_group)  # this forked rank's copy only
+    got = _described(setup(), calls)
+    total = torch.tensor([float(got["rank"])])
+    dist.all_reduce(total)
+    got.update(group_rank=dist.get_rank(), group_size=dist.get_world_size(), backend=dist.get_backend(),
+               sum=float(total))
+    dist.destroy_process_group()
+    return got
+
+
+def _drill_2_gpu_node(setup: Callable[[], Any]) -> dict[str, Any]:
+    """Rank 9 of 16, the second GPU of the second node, with CUDA faked: what would it pick?"""
+    os.environ.update(RANK="9", LOCAL_RANK="1", WORLD_SIZE="16")
+    calls: list[dict[str, Any]] = []
+    chosen: list[int | None] = []
+
+    def set_device(device: Any) -> None:
+        chosen.append(device if isinstance(device, int) else torch.device(device).index)
+
+    torch.cuda.is_available, torch.cuda.device_count, torch.cuda.set_device = lambda: True, lambda: 8, set_device
+    dist.init_process_group = _recording(calls, None)  # nothing starts: there is no GPU
+    return {**_described(setup(), calls), "set_device": chosen}
+# --8<-- [end:drill_2]
+
+
 # --8<-- [start:drill_3]
 from collections.abc import Iterator
 
@@ -236,9 +423,6 @@ def _drill_3_killed_run(sampler_cls: type, n: int, batch: int, ckpt: str, log: s
 
 
 # --8<-- [start:drill_4]
-import datetime
-
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -292,7 +476,7 @@ def grade_drill_4(step_fn: Callable[..., Any], timeout: float = 60.0) -> Results
 
 
 def _drill_4_rank(step_fn: Callable[..., Any]) -> dict[str, Any]:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    _gloo_group()
     try:
         gen = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own shard
         x, y = 0.1 * torch.randn(32, 16, generator=gen), torch.randint(0, 4, (32,), generator=gen)
@@ -445,3 +629,38 @@ def grade_drill_7(main: Callable[[list[str]], Any], nprocs: int = 2, timeout: fl
         "a restart at max_steps trains nothing more": restore_at_the_end_trains_nothing,
     })
 # --8<-- [end:drill_7]
+
+
+# --8<-- [start:drill_10]
+import math
+
+
+def grade_drill_10(replicated_gb: float, sharded_gb: float, allreduce_gb: float, young_minutes: float,
+                   tolerance: float = 0.02) -> Results:
+    """Drill 10: your four numbers, in GB (1e9 bytes) and minutes, each within `tolerance` (2 %)."""
+    params, gpus, grads_gb, save_s, mtbf_s = 7e9, 8, 4.0, 30.0, 3.09 * 3600
+
+    def check(got: float, want: float, formula: str, slips: dict[float, str]) -> Callable[[], None]:
+        def run() -> None:
+            near = [why for value, why in slips.items() if abs(got - value) <= tolerance * value]
+            assert abs(got - want) <= tolerance * want, (
+                f"{got:g}, want {want:.3g} = {formula}" + (f"; {near[0]}" if near else ""))
+        return run
+
+    return _grade("drill 10: numbers without a calculator", {
+        "7B model state, replicated (GB per GPU)": check(
+            replicated_gb, params * 16 / 1e9, "7e9 x 16 bytes (bf16 weights 2 + grads 2 + fp32 master 4 + Adam 8)",
+            {params * 4 / 1e9: "4 bytes per parameter counts the weights alone",
+             params * 2 / 1e9: "2 bytes per parameter counts the bf16 weights alone"}),
+        "sharded over 8 GPUs (GB per GPU)": check(
+            sharded_gb, params * 16 / gpus / 1e9, "7e9 x 16 bytes / 8",
+            {params * 4 / gpus / 1e9: "4 bytes per parameter counts the weights alone"}),
+        "ring all-reduce of 4 GB over 8 GPUs (GB sent per GPU)": check(
+            allreduce_gb, 2 * (gpus - 1) / gpus * grads_gb, "2 (N - 1) / N x S",
+            {grads_gb: "the ring's reduce-scatter and its all-gather each send (N - 1) / N x S",
+             (gpus - 1) / gpus * grads_gb: "that is the reduce-scatter alone; the all-gather sends as much"}),
+        "Young's interval, 30 s save, 3.09 h MTBF (minutes)": check(
+            young_minutes, math.sqrt(2 * save_s * mtbf_s) / 60, "sqrt(2 C M), C and M in seconds",
+            {math.sqrt(save_s * mtbf_s) / 60: "sqrt(C M) leaves out the 2"}),
+    })
+# --8<-- [end:drill_10]
