@@ -239,7 +239,7 @@ def grade_drill_2(setup: Callable[[], Any], timeout: float = 60.0) -> Results:
         assert torch.cuda.is_available() or got[0]["backend"] == "gloo", f"backend {got[0]['backend']} on a CPU"
 
     def a_timeout_is_set() -> None:
-        calls = ran(pair, "2 ranks under torchrun's environment")[0]["calls"]
+        calls = pair[0].events("init_process_group")  # printed before the group starts, or fails to
         assert calls, "init_process_group was not called through torch.distributed"
         assert calls[0]["timeout"] is not None, (
             "init_process_group has no timeout: a hung collective waits for the library's default instead of failing")
@@ -249,8 +249,9 @@ def grade_drill_2(setup: Callable[[], Any], timeout: float = 60.0) -> Results:
         device = got["device"] if ":" in got["device"] or not got["set_device"] else f"cuda:{got['set_device'][-1]}"
         assert device == "cuda:1", (f"RANK 9, LOCAL_RANK 1 on a node of 8 GPUs picks {device}, want cuda:1: "
                                     "LOCAL_RANK is the GPU on this node, RANK the index in the whole job")
-        assert got["calls"], "WORLD_SIZE 16 started no process group"
-        backend = got["calls"][0]["backend"]
+        calls = gpu_node.events("init_process_group")
+        assert calls, "WORLD_SIZE 16 started no process group"
+        backend = calls[0]["backend"]
         assert backend is None or "nccl" in backend, f"backend {backend!r} on CUDA, want nccl"
 
     return _grade("drill 2: rank wiring", {
@@ -261,32 +262,31 @@ def grade_drill_2(setup: Callable[[], Any], timeout: float = 60.0) -> Results:
     })
 
 
-def _recording(calls: list[dict[str, Any]], real: Callable[..., Any] | None) -> Callable[..., Any]:
-    """`init_process_group` that notes its backend and timeout, then starts the group (or, with no
-    `real`, only notes them)."""
+def _recording(real: Callable[..., Any] | None) -> Callable[..., Any]:
+    """`init_process_group` that prints its backend and timeout as an event, then starts the group
+    (or, with no `real`, only prints them)."""
     def init(*args: Any, **kwargs: Any) -> Any:
         timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
-        calls.append({"backend": kwargs.get("backend", args[0] if args else None),
-                      "timeout": None if timeout is None else str(timeout)})
+        print(json.dumps({"event": "init_process_group", "backend": kwargs.get("backend", args[0] if args else None),
+                          "timeout": None if timeout is None else str(timeout)}), flush=True)
         return real(*args, **kwargs) if real else None
     return init
 
 
-def _described(ranks: Any, calls: list[dict[str, Any]]) -> dict[str, Any]:
+def _described(ranks: Any) -> dict[str, Any]:
     return {"rank": ranks.rank, "local_rank": ranks.local_rank, "world_size": ranks.world_size,
-            "device": str(ranks.device), "group": dist.is_initialized(), "calls": calls}
+            "device": str(ranks.device), "group": dist.is_initialized()}
 
 
 def _drill_2_alone(setup: Callable[[], Any]) -> dict[str, Any]:
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"):
         os.environ.pop(name, None)  # `python cell.py`: no launcher
-    return _described(setup(), [])
+    return _described(setup())
 
 
 def _drill_2_pair(setup: Callable[[], Any]) -> dict[str, Any]:
-    calls: list[dict[str, Any]] = []
-    dist.init_process_group = _recording(calls, dist.init_process_group)  # this forked rank's copy only
-    got = _described(setup(), calls)
+    dist.init_process_group = _recording(dist.init_process_group)  # this forked rank's copy only
+    got = _described(setup())
     total = torch.tensor([float(got["rank"])])
     dist.all_reduce(total)
     got.update(group_rank=dist.get_rank(), group_size=dist.get_world_size(), backend=dist.get_backend(),
@@ -298,15 +298,14 @@ def _drill_2_pair(setup: Callable[[], Any]) -> dict[str, Any]:
 def _drill_2_gpu_node(setup: Callable[[], Any]) -> dict[str, Any]:
     """Rank 9 of 16, the second GPU of the second node, with CUDA faked: what would it pick?"""
     os.environ.update(RANK="9", LOCAL_RANK="1", WORLD_SIZE="16")
-    calls: list[dict[str, Any]] = []
     chosen: list[int | None] = []
 
     def set_device(device: Any) -> None:
         chosen.append(device if isinstance(device, int) else torch.device(device).index)
 
     torch.cuda.is_available, torch.cuda.device_count, torch.cuda.set_device = lambda: True, lambda: 8, set_device
-    dist.init_process_group = _recording(calls, None)  # nothing starts: there is no GPU
-    return {**_described(setup(), calls), "set_device": chosen}
+    dist.init_process_group = _recording(None)  # nothing starts: there is no GPU
+    return {**_described(setup()), "set_device": chosen}
 # --8<-- [end:drill_2]
 
 

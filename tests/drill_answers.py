@@ -5,15 +5,75 @@ drill's rubric names."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from reference_impl import interview_core as core
 from reference_impl import notebook as nb
+
+# Drill 1: the model solution is the notebook's config (Cell 1), whose digest leaves out these fields.
+CONFIG = nb.Config
+OPERATIONAL = {"micro_batch_size", "log_every", "checkpoint_dir", "checkpoint_every", "keep_last",
+               "pg_timeout_s", "fail_at_step", "fail_rank"}
+
+
+class SaltedHashConfig(nb.Config):
+    """Wrong: Python's `hash()` of the fields, salted per process."""
+
+    def digest(self) -> str:
+        return format(hash(dataclasses.astuple(self)), "x")
+
+
+class ModelFieldsDigestConfig(nb.Config):
+    """Wrong: a digest of the model's shape alone, blind to the optimizer, the data and the seed."""
+
+    def digest(self) -> str:
+        return f"{self.input_dim}-{self.hidden_dim}-{self.num_classes}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FreeAccumulationConfig(nb.Config):
+    """Wrong: accumulation a free field, so a change of world size changes the global batch."""
+
+    grad_accum: int = 4
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        return self.grad_accum
+
+
+class UnvalidatedConfig(nb.Config):
+    """Wrong: accumulation derived with a floor division that nothing validates."""
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        return self.global_batch_size // (self.micro_batch_size * world_size)
+
+
+# Drill 2: the model solution is the notebook's rank wiring (Cell 2).
+def setup() -> nb.Ranks:
+    return nb.init_ranks(nb.Config())
+
+
+def make_setup(backend: str = "", gpu_from: str = "LOCAL_RANK", timeout: bool = True) -> Callable[[], nb.Ranks]:
+    """Drill 2: rank wiring with a hard-coded backend, the GPU picked by another variable, or no timeout."""
+
+    def wrong_setup() -> nb.Ranks:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        cuda = torch.cuda.is_available()
+        device = torch.device("cuda", int(os.environ.get(gpu_from, 0))) if cuda else torch.device("cpu")
+        if world > 1:
+            limit = {"timeout": datetime.timedelta(seconds=60)} if timeout else {}
+            dist.init_process_group(backend or ("nccl" if cuda else "gloo"), **limit)
+        return nb.Ranks(rank, int(os.environ.get("LOCAL_RANK", 0)), world, device)
+
+    return wrong_setup
 
 # Drill 3: the model solution is the notebook's sampler (Cell 4).
 SAMPLER = nb.ResumableSampler
