@@ -98,6 +98,13 @@ def run_ranks(target: Callable[..., Any], nprocs: int, args: tuple = (), attempt
     return runs
 
 
+def _exited_cleanly(runs: list[RankRun], what: str) -> None:
+    """Fail with the first failed rank's exit status and the last line it wrote to stderr."""
+    bad = next((r for r in runs if r.exitcode != 0), None)
+    last = bad.stderr.strip().splitlines()[-1] if bad and bad.stderr.strip() else ""
+    assert bad is None, f"{what}: rank {runs.index(bad)} exited with status {bad.exitcode}: {last}"
+
+
 def _rank_entry(target: Callable[..., Any], args: tuple, rank: int, nprocs: int, port: int,
                 attempt: int, out: str) -> None:
     os.setsid()  # a session per rank, so a kill reaches the DataLoader workers it forks
@@ -221,8 +228,7 @@ def grade_drill_2(setup: Callable[[], Any], timeout: float = 60.0) -> Results:
     gpu_node = run_ranks(_drill_2_gpu_node, 1, (setup,), timeout=timeout)[0]
 
     def ran(runs: list[RankRun], what: str) -> list[dict[str, Any]]:
-        bad = next((r for r in runs if r.exitcode != 0), None)
-        assert bad is None, f"{what}: exit status {bad.exitcode}: {bad.stderr.strip()[-300:]}"
+        _exited_cleanly(runs, what)
         return [r.value for r in runs]
 
     def no_group_alone() -> None:
@@ -433,11 +439,10 @@ def grade_drill_4(step_fn: Callable[..., Any], timeout: float = 60.0) -> Results
     The grader runs it on two forked ranks with a real gloo group and a DDP model whose
     comm hook counts the all-reduces."""
     runs = run_ranks(_drill_4_rank, 2, (step_fn,), timeout=timeout)
-    failed = next((r for r in runs if r.exitcode != 0), None)
     got = runs[0].value or {}
 
     def ran() -> None:
-        assert failed is None, f"a rank failed (exit status {failed.exitcode}): {failed.stderr.strip()[-400:]}"
+        _exited_cleanly(runs, "the step on two ranks")
 
     def one_optimizer_step() -> None:
         ran()
@@ -571,6 +576,202 @@ def grade_drill_5(timer_cls: type) -> Results:
 # --8<-- [end:drill_5]
 
 
+# --8<-- [start:drill_6]
+import random
+import resource
+import shutil
+
+
+def grade_drill_6(save: Callable[[str, int, dict], None], restore: Callable[[str, dict], int],
+                  timeout: float = 60.0) -> Results:
+    """Drill 6: on each of two ranks of a gloo group the grader starts (`dist.get_rank()` is the
+    rank), `save(root, step, parts)` checkpoints `parts` and this rank's RNG under the directory
+    `root`, and `restore(root, parts)` loads the newest checkpoint that verifies into `parts` and
+    returns its step, 0 if there is none. `parts` maps names to a model, an optimizer, a scheduler,
+    a GradScaler and a sampler, each with `state_dict` and `load_state_dict`."""
+    root = tempfile.mkdtemp(prefix="drill6-")
+    os.makedirs(f"{root}/good")
+    os.makedirs(f"{root}/empty")
+    first = run_ranks(_drill_6_save_twice, 2, (save, restore, root), timeout=timeout)
+    done = next((r for r in first if r.exitcode != 0), None)
+    newest: list[tuple[int, str]] = []  # (size, path) of each file the save of step 20 added
+    if done is None:
+        newest = sorted((size, name) for name, size in first[0].value["files"][1].items()
+                        if name not in first[0].value["files"][0])
+        for case in ("torn", "changed", "crashed"):
+            shutil.copytree(f"{root}/good", f"{root}/{case}", symlinks=True)
+    if newest:
+        size, name = newest[-1]
+        os.truncate(f"{root}/torn/{name}", size // 2)
+        with open(f"{root}/changed/{name}", "r+b") as f:  # one byte in the middle: a tensor's data
+            f.seek(size // 2)
+            byte = f.read(1)
+            f.seek(size // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    loads: list[dict[str, Any]] = []
+
+    def ran(runs: list[RankRun], what: str) -> dict[str, Any]:
+        loads.extend(e for r in runs for e in r.events("torch_load"))
+        _exited_cleanly(runs, what)
+        return runs[0].value
+
+    def restores_everything() -> None:
+        got = ran(first, "saving steps 10 and 20, then restoring")
+        assert got["empty"] == 0, f"restore from an empty directory returns {got['empty']}, want 0"
+        assert got["step"] == 20, f"restore returns step {got['step']} after saves of 10 and 20, want 20"
+        assert got["differs"] is None, f"after restore, {got['differs']} differs from what was saved"
+        wrong = [f"rank {r.value['rank']}: {r.value['rng']}" for r in first if r.value["rng"]]
+        assert not wrong, f"the RNG streams after restore are not the ones saved: {'; '.join(wrong)}"
+
+    def falls_back(case: str, want: int, damage: str) -> Callable[[], None]:
+        def check() -> None:
+            assert newest, "the save of step 20 added no file: it overwrote the checkpoint of step 10 in place"
+            if case == "crashed":
+                limit = newest[-1][0] // 2
+                runs = run_ranks(_drill_6_crash, 2, (save, f"{root}/crashed", limit), timeout=timeout)
+                assert any(r.exitcode == -signal.SIGKILL for r in runs), (
+                    f"the save of step 30 wrote no file over {limit} bytes, so it could not be stopped midway")
+            got = ran(run_ranks(_drill_6_restore, 2, (restore, f"{root}/{case}", want), timeout=timeout),
+                      f"restoring after {damage}")
+            assert got["step"] == want, f"after {damage}, restore returns step {got['step']}, want {want}"
+            assert got["differs"] is None, f"after {damage}, the restored {got['differs']} is not step {want}'s"
+        return check
+
+    def weights_only() -> None:
+        unsafe = [e for e in loads if e["weights_only"] is False]
+        assert not unsafe, "torch.load(..., weights_only=False): loading a checkpoint file can run any code in it"
+
+    largest = f"{newest[-1][1]} of step 20" if newest else "the newest checkpoint"
+    return _grade("drill 6: atomic checkpoint and restore", {
+        "restore brings back the newest step, every part and each rank's RNG": restores_everything,
+        "a truncated file in the newest checkpoint: restore falls back to the previous one": falls_back(
+            "torn", 10, f"truncating {largest}"),
+        "a byte changed in the newest checkpoint: restore falls back (it verifies hashes)": falls_back(
+            "changed", 10, f"changing one byte of {largest}"),
+        "a save killed midway leaves the previous checkpoint, which restore returns": falls_back(
+            "crashed", 20, "a crash in the middle of the save of step 30"),
+        "torch.load runs with weights_only=True": weights_only,
+    })
+
+
+class _Progress:
+    """A sampler's progress, as the parts of a checkpoint see it."""
+
+    def __init__(self, consumed: int = 0) -> None:
+        self.epoch, self.consumed = 0, consumed
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.consumed = state["epoch"], state["consumed"]
+
+
+def _drill_6_parts(step: int, seed: int = 0) -> dict[str, Any]:
+    """The training state after `step` steps, the same in every process: built again to compare."""
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(256, 256)  # 260 kB of weights, 790 kB with Adam's moments
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu")
+    for _ in range(step):
+        model(torch.randn(4, 256)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+    scaler.scale(torch.ones(()))  # the scale exists from the first scaled loss on
+    scaler.update(float(step + 1))
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler,
+            "sampler": _Progress(64 * step)}
+
+
+def _drill_6_seed(step: int) -> None:
+    """Each rank's RNG streams at the save of `step`: another on each rank."""
+    torch.manual_seed(1000 * step + dist.get_rank())
+    random.seed(1000 * step + dist.get_rank())
+
+
+def _drill_6_difference(restored: dict[str, Any], step: int) -> str | None:
+    """The first part (and key) of `restored` that differs from the state after `step` steps."""
+    def first(a: Any, b: Any, where: str) -> str | None:
+        if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+            pairs = [(a[k], b[k], f"{where}.{k}") for k in a]
+        elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+            pairs = [(x, y, f"{where}.{i}") for i, (x, y) in enumerate(zip(a, b, strict=True))]
+        elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            return None if same and torch.equal(a, b) else where
+        else:
+            return None if a == b else where
+        return next((d for x, y, w in pairs if (d := first(x, y, w))), None)
+    want = _drill_6_parts(step)
+    return next((d for name, part in want.items()
+                 if (d := first(restored[name].state_dict(), part.state_dict(), name))), None)
+
+
+def _drill_6_loading() -> None:
+    """Print an event for each torch.load, with its weights_only, then load."""
+    real = torch.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        print(json.dumps({"event": "torch_load", "weights_only": kwargs.get("weights_only")}), flush=True)
+        return real(*args, **kwargs)
+    torch.load = load
+
+
+def _drill_6_save_twice(save: Callable[..., None], restore: Callable[..., int], root: str) -> dict[str, Any]:
+    _gloo_group()
+    _drill_6_loading()
+    try:
+        out: dict[str, Any] = {"rank": dist.get_rank(), "empty": restore(f"{root}/empty", _drill_6_parts(0, seed=1)),
+                               "files": []}
+        for step in (10, 20):
+            parts = _drill_6_parts(step)
+            _drill_6_seed(step)
+            save(f"{root}/good", step, parts)
+            dist.barrier()  # every rank's files are written before rank 0 lists them
+            out["files"].append({os.path.relpath(path, f"{root}/good"): os.path.getsize(path)
+                                 for d, _, files in os.walk(f"{root}/good") for path in (f"{d}/{f}" for f in files)})
+        parts = _drill_6_parts(0, seed=1)  # fresh weights, no optimizer state
+        torch.manual_seed(12345)
+        random.seed(12345)
+        out["step"] = restore(f"{root}/good", parts)
+        drawn = {"torch": torch.rand(2).tolist(), "Python random": random.random()}
+        _drill_6_seed(20)
+        saved = {"torch": torch.rand(2).tolist(), "Python random": random.random()}
+        out["rng"] = ", ".join(name for name in drawn if drawn[name] != saved[name])
+        out["differs"] = _drill_6_difference(parts, 20)
+        dist.barrier()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def _drill_6_crash(save: Callable[..., None], root: str, limit: int) -> None:
+    """Save step 30 until a file grows past `limit` bytes, then die as a crash would."""
+    _gloo_group()
+    parts = _drill_6_parts(30)
+    _drill_6_seed(30)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    try:
+        save(root, 30, parts)  # Python ignores SIGXFSZ: the write past the limit raises instead
+    except BaseException:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.destroy_process_group()
+
+
+def _drill_6_restore(restore: Callable[..., int], root: str, want: int) -> dict[str, Any]:
+    _gloo_group()
+    _drill_6_loading()
+    try:
+        parts = _drill_6_parts(0, seed=1)
+        step = restore(root, parts)
+        return {"step": step, "differs": _drill_6_difference(parts, step if step in (10, 20) else want)}
+    finally:
+        dist.destroy_process_group()
+# --8<-- [end:drill_6]
+
+
 # --8<-- [start:drill_7]
 def grade_drill_7(main: Callable[[list[str]], Any], nprocs: int = 2, timeout: float = 120.0) -> Results:
     """Drill 7: `main(argv)` trains with the flags `--max-steps`, `--checkpoint-every`,
@@ -583,8 +784,7 @@ def grade_drill_7(main: Callable[[list[str]], Any], nprocs: int = 2, timeout: fl
     state: dict[str, Any] = {}
 
     def digest_of(runs: list[RankRun], what: str) -> str:
-        bad = next((r for r in runs if r.exitcode != 0), None)
-        assert bad is None, f"{what}: a rank exited with status {bad.exitcode}: {bad.stderr.strip()[-300:]}"
+        _exited_cleanly(runs, what)
         value = runs[0].value  # rank 0's digest: the one a launcher prints
         return value["state_digest"] if isinstance(value, dict) else value
 

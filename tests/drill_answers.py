@@ -7,9 +7,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
+import random
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -152,6 +155,64 @@ class LapTimer(nb.PhaseTimer):
         self.seconds[name] += now - (self.last or now)
         self.last = now
         yield
+
+
+# Drill 6: the model solution is the notebook's checkpoint (Cell 8), called as the grader calls it.
+def _this_rank() -> nb.Ranks:
+    return nb.Ranks(dist.get_rank(), dist.get_rank(), dist.get_world_size(), torch.device("cpu"))
+
+
+def save(root: str, step: int, parts: dict) -> None:
+    nb.save_checkpoint(step, parts, nb.Config(checkpoint_dir=root), _this_rank())
+
+
+def restore(root: str, parts: dict) -> int:
+    return nb.restore_checkpoint(parts, nb.Config(checkpoint_dir=root), _this_rank())
+
+
+def restore_rank0_rng(root: str, parts: dict) -> int:
+    """Wrong: every rank restores rank 0's RNG, so all ranks draw the same dropout masks."""
+    return nb.restore_checkpoint(parts, nb.Config(checkpoint_dir=root), dataclasses.replace(_this_rank(), rank=0))
+
+
+def restore_unverified(root: str, parts: dict) -> int:
+    """Wrong: any published checkpoint is trusted; the manifest's hashes are never checked."""
+    real = nb.verify
+    nb.verify = lambda path: json.loads(Path(path, "manifest.json").read_text())  # this rank's module only
+    try:
+        return restore(root, parts)
+    finally:
+        nb.verify = real
+
+
+def restore_unsafe(root: str, parts: dict) -> int:
+    """Wrong: `torch.load(..., weights_only=False)`, which runs whatever code a checkpoint file holds."""
+    real = torch.load
+    torch.load = lambda *args, **kwargs: real(*args, **{**kwargs, "weights_only": False})
+    try:
+        return restore(root, parts)
+    finally:
+        torch.load = real
+
+
+def save_in_place(root: str, step: int, parts: dict) -> None:
+    """Wrong: `torch.save` straight to the final path; a crash mid-write leaves a torn newest file."""
+    state = {"step": step, "rng": torch.get_rng_state(), "python_rng": list(random.getstate()),
+             **{name: part.state_dict() for name, part in parts.items()}}
+    torch.save(state, Path(root, f"ckpt-{step:08d}-rank{dist.get_rank()}.pt"))
+
+
+def restore_newest(root: str, parts: dict) -> int:
+    """Wrong with `save_in_place`: the newest file is loaded, whatever state it is in."""
+    found = sorted(Path(root).glob(f"ckpt-*-rank{dist.get_rank()}.pt"))
+    if not found:
+        return 0
+    state = torch.load(found[-1], weights_only=True)
+    for name, part in parts.items():
+        part.load_state_dict(state[name])
+    torch.set_rng_state(state["rng"])
+    random.setstate((state["python_rng"][0], tuple(state["python_rng"][1]), state["python_rng"][2]))
+    return state["step"]
 
 
 # Drill 7: the model solution is the interview core's `main`.

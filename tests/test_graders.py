@@ -210,3 +210,31 @@ def test_drill_10_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> Non
     assert failing(results) == set(expected), printed
     for check, reason in expected.items():
         assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+
+
+RESTORES = "restore brings back the newest step, every part and each rank's RNG"
+TORN = "a truncated file in the newest checkpoint: restore falls back to the previous one"
+CHANGED = "a byte changed in the newest checkpoint: restore falls back (it verifies hashes)"
+CRASHED = "a save killed midway leaves the previous checkpoint, which restore returns"
+DRILL_6: dict[str, tuple[Callable[..., None], Callable[..., int], dict[str, str]]] = {
+    "model solution": (answers.save, answers.restore, {}),
+    "rank 0's RNG restored on every rank": (
+        answers.save, answers.restore_rank0_rng, {RESTORES: "rank 1: torch, Python random"}),
+    "no hash check": (answers.save, answers.restore_unverified, {
+        TORN: "failed finding central directory", CHANGED: "restore returns step 20, want 10"}),
+    "weights_only=False": (
+        answers.save, answers.restore_unsafe, {"torch.load runs with weights_only=True": "weights_only=False"}),
+    "torch.save straight to the final path": (answers.save_in_place, answers.restore_newest, {
+        TORN: "failed finding central directory", CHANGED: "restore returns step 20, want 10",
+        CRASHED: "failed finding central directory"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_6))
+def test_drill_6_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    save, restore, expected = DRILL_6[answer]
+    results = graders.grade_drill_6(save, restore)
+    printed = capsys.readouterr().out
+    assert failing(results) == set(expected), printed
+    for check, reason in expected.items():
+        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
