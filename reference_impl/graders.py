@@ -102,7 +102,8 @@ def _exited_cleanly(runs: list[RankRun], what: str) -> None:
     """Fail with the first failed rank's exit status and the last line it wrote to stderr."""
     bad = next((r for r in runs if r.exitcode != 0), None)
     last = bad.stderr.strip().splitlines()[-1] if bad and bad.stderr.strip() else ""
-    assert bad is None, f"{what}: rank {runs.index(bad)} exited with status {bad.exitcode}: {last}"
+    who = f"rank {runs.index(bad)}" if bad and len(runs) > 1 else "the process"
+    assert bad is None, f"{what}: {who} exited with status {bad.exitcode}: {last}"
 
 
 def _rank_entry(target: Callable[..., Any], args: tuple, rank: int, nprocs: int, port: int,
@@ -828,6 +829,77 @@ def grade_drill_7(main: Callable[[list[str]], Any], nprocs: int = 2, timeout: fl
         "a restart at max_steps trains nothing more": restore_at_the_end_trains_nothing,
     })
 # --8<-- [end:drill_7]
+
+
+# --8<-- [start:drill_8]
+def grade_drill_8(launch: Callable[[int, Callable[[], None]], Any], timeout: float = 60.0) -> Results:
+    """Drill 8: `launch(nprocs, fn)` starts `nprocs` ranks on this machine with torchrun's
+    environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), runs `fn()` in each,
+    waits for them, and raises if one failed. The grader's `fn` is defined inside it: like a
+    function of a notebook, no child process can import it by name."""
+    out = tempfile.mkdtemp(prefix="drill8-")
+
+    def train() -> None:
+        _gloo_group()
+        try:
+            torch.manual_seed(0)  # the same weights on every rank
+            model = torch.nn.Linear(8, 2)
+            data = torch.Generator().manual_seed(dist.get_rank())  # each rank its own samples
+            for _ in range(3):
+                loss = model(torch.randn(16, 8, generator=data)).square().mean()
+                for p, grad in zip(model.parameters(), torch.autograd.grad(loss, list(model.parameters())),
+                                   strict=True):
+                    dist.all_reduce(grad)  # summed over the ranks: their mean, as DDP takes it
+                    p.data -= 0.1 * grad / dist.get_world_size()
+            with open(f"{out}/rank-{dist.get_rank()}.json", "w") as f:
+                json.dump({"rank": dist.get_rank(), "world_size": dist.get_world_size(), "threads":
+                           torch.get_num_threads(), "weights": [p.tolist() for p in model.parameters()]}, f)
+        finally:
+            dist.destroy_process_group()
+
+    def fail_on_rank_1() -> None:
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("rank 1 fails on purpose")
+
+    threads = torch.get_num_threads()  # what this kernel's children would inherit
+    good = run_ranks(_drill_8_launch, 1, (launch, train, threads), timeout=timeout)
+    bad = run_ranks(_drill_8_launch, 1, (launch, fail_on_rank_1, threads), timeout=timeout)[0]
+
+    def ranks() -> list[dict[str, Any]]:
+        _exited_cleanly(good, "launch(2, fn)")
+        found = sorted(os.listdir(out))
+        assert found == ["rank-0.json", "rank-1.json"], f"launch(2, fn) returned; ranks that ran fn: {found}"
+        return [json.load(open(f"{out}/{name}")) for name in found]
+
+    def two_ranks_same_weights() -> None:
+        got = ranks()
+        assert [g["world_size"] for g in got] == [2, 2], f"the ranks saw world sizes {[g['world_size'] for g in got]}"
+        assert got[0]["weights"] == got[1]["weights"], "the two ranks end with different weights"
+
+    def one_thread_per_rank() -> None:
+        counts = [g["threads"] for g in ranks()]
+        assert counts == [1, 1], (
+            f"the ranks run torch on {counts} threads: torch.set_num_threads(1) in each, since a forked child that "
+            "reuses the parent's OpenMP pool can hang and 2 ranks x all cores oversubscribe the machine")
+
+    def a_failed_rank_is_reported() -> None:
+        assert bad.exitcode is not None, f"launch did not return within {timeout:.0f} s after rank 1 failed"
+        assert bad.exitcode != 0, "launch returned normally although rank 1 raised: a failed rank goes unnoticed"
+
+    return _grade("drill 8: two ranks from a notebook", {
+        "a function defined in the notebook runs on 2 ranks, which end with the same weights": two_ranks_same_weights,
+        "each rank runs torch on one thread": one_thread_per_rank,
+        "launch raises when a rank fails": a_failed_rank_is_reported,
+    })
+
+
+def _drill_8_launch(launch: Callable[[int, Callable[[], None]], Any], fn: Callable[[], None], threads: int) -> None:
+    """Call the launcher as a notebook kernel would: no launcher's variables, the kernel's threads."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"):
+        os.environ.pop(name, None)
+    torch.set_num_threads(threads)
+    launch(2, fn)
+# --8<-- [end:drill_8]
 
 
 # --8<-- [start:drill_10]

@@ -16,6 +16,7 @@ from typing import Any
 
 import drill_answers as answers
 import pytest
+import torch
 
 from reference_impl import calc, graders
 from reference_impl import interview_core as core
@@ -26,6 +27,13 @@ GRADERS = Path(graders.__file__)
 
 def failing(results: graders.Results) -> set[str]:
     return {name for name, (ok, _) in results.items() if not ok}
+
+
+def assert_fails_exactly(results: graders.Results, printed: str, expected: dict[str, str]) -> None:
+    """The checks that fail are the expected ones, each printed with a reason that contains its text."""
+    assert failing(results) == set(expected), printed
+    for check, reason in expected.items():
+        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
 
 
 def test_the_grader_cells_import_only_the_standard_library_and_torch() -> None:
@@ -53,10 +61,7 @@ DRILL_3: dict[str, tuple[type, dict[str, str]]] = {  # answer: the checks it fai
 def test_drill_3_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
     sampler, expected = DRILL_3[answer]
     results = graders.grade_drill_3(sampler)
-    printed = capsys.readouterr().out
-    assert failing(results) == set(expected), printed
-    for check, reason in expected.items():
-        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
 
 
 DRILL_4: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
@@ -144,10 +149,7 @@ DRILL_1: dict[str, tuple[type, dict[str, str]]] = {
 def test_drill_1_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
     config, expected = DRILL_1[answer]
     results = graders.grade_drill_1(config, operational=answers.OPERATIONAL)
-    printed = capsys.readouterr().out
-    assert failing(results) == set(expected), printed
-    for check, reason in expected.items():
-        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
 
 
 GPU_NODE = "on a GPU node (CUDA faked): LOCAL_RANK picks the GPU, NCCL the backend"
@@ -165,10 +167,7 @@ DRILL_2: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {
 def test_drill_2_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
     setup, expected = DRILL_2[answer]
     results = graders.grade_drill_2(setup)
-    printed = capsys.readouterr().out
-    assert failing(results) == set(expected), printed
-    for check, reason in expected.items():
-        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
 
 
 def _drill_10_answers() -> list[float]:
@@ -206,10 +205,7 @@ DRILL_10: dict[str, tuple[list[float], dict[str, str]]] = {  # the rubric's weak
 def test_drill_10_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
     numbers, expected = DRILL_10[answer]
     results = graders.grade_drill_10(*numbers)
-    printed = capsys.readouterr().out
-    assert failing(results) == set(expected), printed
-    for check, reason in expected.items():
-        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
 
 
 RESTORES = "restore brings back the newest step, every part and each rank's RNG"
@@ -234,7 +230,29 @@ DRILL_6: dict[str, tuple[Callable[..., None], Callable[..., int], dict[str, str]
 def test_drill_6_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
     save, restore, expected = DRILL_6[answer]
     results = graders.grade_drill_6(save, restore)
-    printed = capsys.readouterr().out
-    assert failing(results) == set(expected), printed
-    for check, reason in expected.items():
-        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
+
+
+RUNS = "a function defined in the notebook runs on 2 ranks, which end with the same weights"
+ONE_THREAD = "each rank runs torch on one thread"
+DRILL_8: dict[str, tuple[Callable[..., None], dict[str, str]]] = {
+    "model solution": (answers.launch, {}),
+    "spawn, which cannot start a notebook's function": (
+        answers.make_launch(start_method="spawn"), {RUNS: "Can't pickle local object", ONE_THREAD: "pickle"}),
+    "no torch.set_num_threads(1) in the ranks": (
+        answers.make_launch(one_thread=False), {ONE_THREAD: "run torch on [2, 2] threads"}),
+    "a failed rank ignored": (
+        answers.make_launch(check=False), {"launch raises when a rank fails": "a failed rank goes unnoticed"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_8))
+def test_drill_8_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    launch, expected = DRILL_8[answer]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a kernel with more than one thread, which forked ranks inherit
+    try:
+        results = graders.grade_drill_8(launch)
+    finally:
+        torch.set_num_threads(threads)
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
