@@ -1,10 +1,12 @@
 """Graders for the timed drills: paste the grader cell after your answer and call it.
 
 Each grader runs the drill's real checks (worker prefetch, a SIGKILL after a checkpoint and a
-restart, collectives counted by a DDP comm hook on a real gloo group of forked ranks), prints
+restart, collectives counted by a DDP comm hook on a real gloo group of forked ranks, a save
+stopped midway by a file-size limit, a launcher handed a function no child can import), prints
 PASS or FAIL per check with the reason, and returns `{check: (passed, reason)}`. The cell
 needs torch and the standard library only, and works in a notebook because ranks are forked:
-a forked child inherits the class or function you defined in the kernel.
+a forked child inherits the class or function you defined in the kernel. Drill 10 is done on
+paper: its grader checks the four numbers against the formulas the calculators use.
 """
 
 # --8<-- [start:common]
