@@ -16,8 +16,9 @@ from typing import Any
 
 import drill_answers as answers
 import pytest
+import torch
 
-from reference_impl import graders
+from reference_impl import calc, graders
 from reference_impl import interview_core as core
 from reference_impl import notebook as nb
 
@@ -26,6 +27,13 @@ GRADERS = Path(graders.__file__)
 
 def failing(results: graders.Results) -> set[str]:
     return {name for name, (ok, _) in results.items() if not ok}
+
+
+def assert_fails_exactly(results: graders.Results, printed: str, expected: dict[str, str]) -> None:
+    """The checks that fail are the expected ones, each printed with a reason that contains its text."""
+    assert failing(results) == set(expected), printed
+    for check, reason in expected.items():
+        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
 
 
 def test_the_grader_cells_import_only_the_standard_library_and_torch() -> None:
@@ -53,10 +61,7 @@ DRILL_3: dict[str, tuple[type, dict[str, str]]] = {  # answer: the checks it fai
 def test_drill_3_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
     sampler, expected = DRILL_3[answer]
     results = graders.grade_drill_3(sampler)
-    printed = capsys.readouterr().out
-    assert failing(results) == set(expected), printed
-    for check, reason in expected.items():
-        assert reason in results[check][1] and f"FAIL  {check}: " in printed, printed
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
 
 
 DRILL_4: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
@@ -124,3 +129,130 @@ def test_drill_7_grader_fails_a_restore_that_leaves_out_the_sampler(
         root, {name: part for name, part in parts.items() if name != "sampler"}, rank))
     results = graders.grade_drill_7(answers.MAIN)
     assert failing(results) == {"the resumed run ends with the uninterrupted digest"}, capsys.readouterr().out
+
+
+ALL_FIELDS = "changing any field that a step depends on changes the digest"
+DERIVED = "accumulation is derived from global batch, micro-batch and world size"
+RAISES = "an indivisible global batch raises a ValueError naming both fields"
+DRILL_1: dict[str, tuple[type, dict[str, str]]] = {
+    "model solution": (answers.CONFIG, {}),
+    "hash() of the fields": (answers.SaltedHashConfig, {
+        "the digest does not depend on Python's salted hash()": "changes with hash()'s salt"}),
+    "a digest of the model's shape alone": (answers.ModelFieldsDigestConfig, {ALL_FIELDS: "changing max_steps, "}),
+    "accumulation a free field": (
+        answers.FreeAccumulationConfig, {DERIVED: "grad_accum is a field", RAISES: "raises no ValueError"}),
+    "no validation": (answers.UnvalidatedConfig, {RAISES: "raises no ValueError"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_1))
+def test_drill_1_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    config, expected = DRILL_1[answer]
+    results = graders.grade_drill_1(config, operational=answers.OPERATIONAL)
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
+
+
+GPU_NODE = "on a GPU node (CUDA faked): LOCAL_RANK picks the GPU, NCCL the backend"
+DRILL_2: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {
+    "model solution": (answers.setup, {}),
+    "backend='nccl' hard-coded": (
+        answers.make_setup(backend="nccl"),
+        {"2 CPU ranks: ranks 0 and 1 of one gloo group that all-reduces": "NCCL"}),
+    "RANK as the GPU index": (answers.make_setup(gpu_from="RANK"), {GPU_NODE: "picks cuda:9, want cuda:1"}),
+    "no timeout": (answers.make_setup(timeout=False), {"the group has a timeout": "has no timeout"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_2))
+def test_drill_2_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    setup, expected = DRILL_2[answer]
+    results = graders.grade_drill_2(setup)
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
+
+
+def _drill_10_answers() -> list[float]:
+    """The drill's four numbers from the handbook's calculators, in GB and minutes."""
+    shape = {"seq_len": 2048, "micro_batch": 1, "hidden": 4096, "n_heads": 32, "n_layers": 32}
+    state = {s: calc.memory(params=7e9, world_size=8, strategy=s, **shape)["model_state_bytes"]
+             for s in ("ddp", "fsdp")}
+    ring = calc.ring_allreduce(size_bytes=4e9, world_size=8, bandwidth_bytes_per_s=1e9)["bytes_per_rank"]
+    young = calc.checkpoint_interval(checkpoint_cost_s=30, mtbf_s=3.09 * 3600)["young_interval_s"]
+    return [state["ddp"] / 1e9, state["fsdp"] / 1e9, ring / 1e9, young / 60]
+
+
+def test_drill_10_grader_accepts_the_calculators_numbers_within_2_percent(capsys: pytest.CaptureFixture[str]) -> None:
+    exact = _drill_10_answers()
+    assert exact == pytest.approx([112, 14, 7, 13.6], rel=2e-3)  # the numbers the page gives
+    for scale in (1.0, 0.985, 1.015):
+        assert failing(graders.grade_drill_10(*(scale * x for x in exact))) == set(), capsys.readouterr().out
+    for i, name in enumerate(graders.grade_drill_10(*exact)):
+        off = [x * (1.03 if j == i else 1) for j, x in enumerate(exact)]  # one arithmetic slip of 3 %
+        assert failing(graders.grade_drill_10(*off)) == {name}, capsys.readouterr().out
+
+
+DRILL_10: dict[str, tuple[list[float], dict[str, str]]] = {  # the rubric's weak answers
+    "4 bytes per parameter (weights only)": ([28, 3.5, 7, 13.6], {
+        "7B model state, replicated (GB per GPU)": "4 bytes per parameter counts the weights alone",
+        "sharded over 8 GPUs (GB per GPU)": "4 bytes per parameter counts the weights alone"}),
+    "an all-reduce that sends S": ([112, 14, 4, 13.6], {
+        "ring all-reduce of 4 GB over 8 GPUs (GB sent per GPU)": "each send (N - 1) / N x S"}),
+    "Young's interval without the 2": ([112, 14, 7, 9.6], {
+        "Young's interval, 30 s save, 3.09 h MTBF (minutes)": "sqrt(C M) leaves out the 2"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_10))
+def test_drill_10_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    numbers, expected = DRILL_10[answer]
+    results = graders.grade_drill_10(*numbers)
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
+
+
+RESTORES = "restore brings back the newest step, every part and each rank's RNG"
+TORN = "a truncated file in the newest checkpoint: restore falls back to the previous one"
+CHANGED = "a byte changed in the newest checkpoint: restore falls back (it verifies hashes)"
+CRASHED = "a save killed midway leaves the previous checkpoint, which restore returns"
+DRILL_6: dict[str, tuple[Callable[..., None], Callable[..., int], dict[str, str]]] = {
+    "model solution": (answers.save, answers.restore, {}),
+    "rank 0's RNG restored on every rank": (
+        answers.save, answers.restore_rank0_rng, {RESTORES: "rank 1: torch, Python random"}),
+    "no hash check": (answers.save, answers.restore_unverified, {
+        TORN: "failed finding central directory", CHANGED: "restore returns step 20, want 10"}),
+    "weights_only=False": (
+        answers.save, answers.restore_unsafe, {"torch.load runs with weights_only=True": "weights_only=False"}),
+    "torch.save straight to the final path": (answers.save_in_place, answers.restore_newest, {
+        TORN: "failed finding central directory", CHANGED: "restore returns step 20, want 10",
+        CRASHED: "failed finding central directory"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_6))
+def test_drill_6_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    save, restore, expected = DRILL_6[answer]
+    results = graders.grade_drill_6(save, restore)
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
+
+
+RUNS = "a function defined in the notebook runs on 2 ranks, which end with the same weights"
+ONE_THREAD = "each rank runs torch on one thread"
+DRILL_8: dict[str, tuple[Callable[..., None], dict[str, str]]] = {
+    "model solution": (answers.launch, {}),
+    "spawn, which cannot start a notebook's function": (
+        answers.make_launch(start_method="spawn"), {RUNS: "Can't pickle local object", ONE_THREAD: "pickle"}),
+    "no torch.set_num_threads(1) in the ranks": (
+        answers.make_launch(one_thread=False), {ONE_THREAD: "run torch on [2, 2] threads"}),
+    "a failed rank ignored": (
+        answers.make_launch(check=False), {"launch raises when a rank fails": "a failed rank goes unnoticed"}),
+}
+
+
+@pytest.mark.parametrize("answer", list(DRILL_8))
+def test_drill_8_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    launch, expected = DRILL_8[answer]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a kernel with more than one thread, which forked ranks inherit
+    try:
+        results = graders.grade_drill_8(launch)
+    finally:
+        torch.set_num_threads(threads)
+    assert_fails_exactly(results, capsys.readouterr().out, expected)
