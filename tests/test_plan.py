@@ -76,7 +76,8 @@ def test_pure_fsdp_memory_is_the_figure_certified_against_pytorchs_tracker() -> 
     on 64 FSDP2 ranks, which is within 1.2% of `FSDPMemTracker`'s measured peak."""
     grid = json.loads((ROOT / "docs" / "data" / "memory_grid.json").read_text(encoding="utf-8"))
     rows = {r["activation_checkpointing"]: r for r in grid["data"]["rows"]
-            if r["shape"]["name"] == LLAMA3_70B.name and r["world_size"] == 64 and r.get("replicas", 1) == 1}
+            if r["shape"]["name"] == LLAMA3_70B.name and r["world_size"] == 64 and r.get("replicas", 1) == 1
+            and r.get("tp", 1) == 1}
     for ac, row in rows.items():
         q = _plan("1x64x1x1", 1, ac)
         assert q.memory_bytes == pytest.approx(row["calculator"]["total_bytes"], rel=1e-12)

@@ -80,7 +80,7 @@ def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> No
     assert marks == set(_computed_tables())
 
 
-@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble"])
+@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble", "gpu"])
 def test_computed_tables_are_well_formed(name: str) -> None:
     assert table_problems(_computed_tables()[name].splitlines(), name) == []
 
@@ -110,15 +110,20 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble"
+    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu"
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
+
+
+# Rows the calculator does not model yet, each named on the parallelism page with its
+# error; the test fails once one of them comes within 5% (then it leaves this list).
+KNOWN_MISSES = {"Llama-3 70B, 80 layers, FSDP 64 x TP 8 + SP, seq 4096, AC on": "22.6% low"}
 
 
 @pytest.mark.parametrize("name", ["memory_grid", "memory_grid_reduced"])
 def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(name: str) -> None:
     """Each row of a committed grid still matches `calc.memory` as it is now, within 5% of
-    the tracker, and the table shows every row."""
+    the tracker (or is a known miss the page states), and the table shows every row."""
     from reference_impl.memory_grid import Config, Shape, predict
 
     record = json.loads((support.DOCS / "data" / f"{name}.json").read_text(encoding="utf-8"))
@@ -127,7 +132,12 @@ def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(na
         config = Config(Shape(**r["shape"]), r["world_size"], r["activation_checkpointing"], r["seq_len"],
                         r["micro_batch"], r.get("replicas", 1), r.get("tp", 1), r.get("sequence_parallel", False))
         assert predict(config)["total_bytes"] == pytest.approx(r["calculator"]["total_bytes"], rel=1e-12), r["config"]
-        assert abs(r["error"]) <= 0.05, r["config"]
+        if r["config"] in KNOWN_MISSES:
+            assert f"{-r['error']:.1%} low" == KNOWN_MISSES[r["config"]], r["config"]
+            page = (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+            assert KNOWN_MISSES[r["config"]] in " ".join(page.split()), "the page states the miss"
+        else:
+            assert abs(r["error"]) <= 0.05, r["config"]
     lines = _computed_tables()[name].splitlines()
     assert [line.split(" | ")[0] for line in lines[2:2 + len(rows)]] == [f"| {r['config']}" for r in rows]
 
@@ -152,3 +162,19 @@ def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
     counts = sorted({m for _, m in idle})
     assert not all(idle["1f1b", m] < idle["gpipe", m] for m in counts)
     assert not all(idle["gpipe", m] < idle["1f1b", m] for m in counts)
+
+
+def test_the_gpu_table_is_the_committed_run() -> None:
+    """Every strategy of every `bench gpu` run in `docs/data/gpu.json` is a row, with the
+    device and versions under the table, and the page's figures are the file's."""
+    record = json.loads((support.DOCS / "data" / "gpu.json").read_text(encoding="utf-8"))
+    table = _computed_tables()["gpu"]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+    runs = record["data"]["runs"]
+    assert [row.split(" | ")[2] for row in rows] == [f"{r[s]['tokens_per_s']:,.0f}" for r in runs.values()
+                                                     for s in ("ddp", "fsdp")]
+    assert f"torch {record['torch']}" in table and record["device"] in table
+    page = " ".join((support.DOCS / "reference" / "benchmarks.md").read_text(encoding="utf-8").split())
+    eager, compiled = runs["eager"]["ddp"], runs["compile"]["ddp"]
+    assert f"{compiled['tokens_per_s']:,.0f} against {eager['tokens_per_s']:,.0f} tokens per second" in page
+    assert f"{eager['peak_memory_gib']:.2f} GiB" in page
