@@ -9,6 +9,7 @@ an async save's total never shorter than the time it blocked, sizes that match t
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import statistics
 
@@ -146,3 +147,28 @@ def test_the_relaunch_under_torchrun_passes_a_command_line_torchrun_accepts() ->
     command = torchrun_command(1, "reference_impl.bench", _without_nproc(argv))
     parsed = get_args_parser().parse_args(command[3:])  # after `python -m torch.distributed.run`
     assert parsed.training_script_args == ["gpu", "--rounds", "1", "--compile"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None and importlib.util.find_spec("lightning")
+                    is not None, reason="checks the message an install without the peers extra gets")
+def test_peers_bench_names_the_extra_it_needs() -> None:
+    run = launch.python_module(["peers"], timeout=60, module="reference_impl.bench")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("reference_impl.bench peers: error: peers needs ")
+    assert run.stderr.strip().endswith("pip install -e '.[peers]'")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None or importlib.util.find_spec("lightning") is None,
+                    reason="needs the peers extra (pip install -e '.[peers]')")
+def test_peers_bench_observes_the_guarantees_of_each_save(tmp_path) -> None:
+    """Ours keeps all three; raw torch.save none (the control that shows the probe can fail)."""
+    from reference_impl.bench.peers import guarantees, savers
+    from reference_impl.bench.common import trained_state
+    from reference_impl.config import TrainConfig
+    from reference_impl.distributed import DistContext
+
+    cfg = TrainConfig(max_steps=2, warmup_steps=0)
+    found = {name: guarantees(s, tmp_path / name) for name, s in savers(trained_state(cfg, DistContext()), cfg).items()
+             if not (tmp_path / name).mkdir()}
+    assert found["ours"] == {"fsync": True, "atomic": True, "verified": True}
+    assert found["raw"] == {"fsync": False, "atomic": False, "verified": False}

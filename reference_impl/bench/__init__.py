@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 # Importing a benchmark module registers it.
-from reference_impl.bench import async_save, checkpoint, gpu, overhead, pipeline  # noqa: F401
+from reference_impl.bench import async_save, checkpoint, gpu, overhead, peers, pipeline  # noqa: F401
 from reference_impl.bench.checkpoint import recovery_times
 from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, report
 from reference_impl.config import ConfigError, TrainConfig
