@@ -12,6 +12,7 @@ scripts read (`{"benchmark": NAME, ...}`).
     python -m reference_impl.bench async --rounds 3
     python -m reference_impl.bench pipeline --microbatches 2,4,8
     python -m reference_impl.bench gpu --nproc 1
+    python -m reference_impl.bench peers       # needs pip install -e ".[peers]"
 
 A benchmark registered with `nproc` (`async`, `pipeline`, `gpu`) runs once per rank under
 torchrun. Started with plain `python -m`, it relaunches itself as
