@@ -1,0 +1,67 @@
+"""A rank of the ring-attention tests, in a module of its own: a spawned child imports only
+torch and `reference_impl.context_parallel`, not the test module's imports.
+
+Every rank draws the same full-sequence q, k, v and output gradient, computes full causal
+attention and its gradients in this one process as the reference, then runs ring attention
+on its own tokens and records how far its rows of the output and of dq, dk, dv are from the
+reference's rows, and the bytes it sent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from reference_impl.context_parallel import CommStats, ring_attention, shard_sequence
+
+BATCH, HEADS, HEAD_DIM, CHUNK = 2, 2, 8, 4  # CHUNK tokens per chunk: diagonal blocks mask inside
+# (load_balanced, query scale, dtype of the ring's inputs); the reference is computed in
+# float64. In float64 a difference from it is a bug, not the rounding of another summation
+# order. Scores of ~±100 overflow exp() in float32 unless the row maximum is subtracted
+# first (in float64 that takes ~±710, where a near-one-hot softmax leaves dq to cancellation).
+CASES = {"contiguous": (False, 1.0, torch.float64), "load_balanced": (True, 1.0, torch.float64),
+         "sharp_scores": (True, 100.0, torch.float32)}
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).abs().max() / want.abs().max())
+
+
+def compare_with_full_attention(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Write rank<r>.json: per case, the relative error of out, dq, dk, dv and bytes sent."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=60))
+    try:
+        seq_len = 2 * world_size * CHUNK
+        results = {}
+        for name, (load_balanced, sharpness, dtype) in CASES.items():
+            gen = torch.Generator().manual_seed(0)
+            q, k, v, grad = (torch.randn(BATCH, HEADS, seq_len, HEAD_DIM, generator=gen, dtype=dtype)
+                          for _ in range(4))
+            q = q * sharpness
+            full = [t.double().requires_grad_() for t in (q, k, v)]  # the reference in float64
+            want = F.scaled_dot_product_attention(*full, is_causal=True)
+            want.backward(grad.double())
+
+            def mine(x: torch.Tensor, lb: bool = load_balanced) -> torch.Tensor:
+                return shard_sequence(x, rank, world_size, lb, dim=2)
+
+            local = [mine(t.detach()).requires_grad_() for t in (q, k, v)]
+            stats = CommStats()
+            got = ring_attention(*local, load_balanced=load_balanced, stats=stats)
+            forward_bytes = stats.bytes_sent
+            got.backward(mine(grad))
+            results[name] = {
+                "out": _relative_error(got.detach(), mine(want.detach())),
+                **{f"d{n}": _relative_error(t.grad, mine(f.grad))
+                   for n, t, f in zip("qkv", local, full, strict=True)},
+                "forward_bytes": forward_bytes, "total_bytes": stats.bytes_sent,
+            }
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,122 @@
+"""Ring attention (`reference_impl.context_parallel`) against full causal attention.
+
+The distributed tests spawn real gloo process groups of 2 and 4 ranks; every rank checks
+its rows of the output and of dq, dk, dv against full attention computed in one process,
+with contiguous and with load-balanced chunks. The pure functions (the log-sum-exp merge,
+the causal block counts, the bytes on the wire) are checked in this process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cp_worker
+import pytest
+import torch
+import torch.nn.functional as F
+from launch import free_port, spawn
+
+from reference_impl.context_parallel import (
+    block_attention,
+    idle_share,
+    merge_partials,
+    ring_bytes_per_layer,
+    score_blocks_per_step,
+    shard_sequence,
+)
+
+# Relative to the largest entry of the float64 reference: float64 leaves only a different
+# summation order; float32 with scores of ±100 (a near-one-hot softmax) loses digits of dq
+# to cancellation, and a missing max-subtraction gives inf and NaN, which fail any bound.
+TOL = {torch.float64: 1e-12, torch.float32: 1e-3}
+
+
+def _ring_results(world_size: int, tmp_path: Path) -> list[dict[str, dict[str, float]]]:
+    spawn(cp_worker.compare_with_full_attention, (world_size, free_port(), str(tmp_path)),
+          nprocs=world_size, timeout=120)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def _assert_equal_to_full_attention(world_size: int, tmp_path: Path) -> None:
+    model_dim = cp_worker.HEADS * cp_worker.HEAD_DIM
+    volume = ring_bytes_per_layer(cp_worker.BATCH, 2 * world_size * cp_worker.CHUNK, model_dim, world_size,
+                                  bytes_per_element=1)
+    for rank, cases in enumerate(_ring_results(world_size, tmp_path)):
+        assert set(cases) == set(cp_worker.CASES)
+        for case, result in cases.items():
+            dtype = cp_worker.CASES[case][2]
+            for name in ("out", "dq", "dk", "dv"):
+                assert result[name] < TOL[dtype], f"rank {rank}, {case}: {name} differs by {result[name]:.2e}"
+            size = dtype.itemsize
+            assert result["forward_bytes"] == size * volume["forward"], (rank, case)
+            assert result["total_bytes"] == size * (volume["forward"] + volume["backward"]), (rank, case)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # 13-21 s for 2 ranks, 23-36 s for 4, on the loaded 2-core machine
+@pytest.mark.timeout(180)
+def test_ring_attention_on_two_ranks_equals_full_attention(tmp_path: Path) -> None:
+    """Outputs and dq, dk, dv of every rank's tokens equal one process's full attention
+    (within 1e-12 in float64), with contiguous and with load-balanced chunks, and within 1e-3
+    in float32 with scores of ±100; the bytes sent are `ring_bytes_per_layer`'s."""
+    _assert_equal_to_full_attention(2, tmp_path)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # 13-21 s for 2 ranks, 23-36 s for 4, on the loaded 2-core machine
+@pytest.mark.timeout(180)
+def test_ring_attention_on_four_ranks_equals_full_attention(tmp_path: Path) -> None:
+    """As on two ranks, with four: keys arrive from three other ranks, some from later in
+    the sequence (skipped by the causal mask) and some from earlier."""
+    _assert_equal_to_full_attention(4, tmp_path)
+
+
+def test_merging_chunks_with_log_sum_exp_equals_attention_over_all_keys() -> None:
+    """Attention of a late query chunk over the three chunks up to it, merged chunk by chunk,
+    equals full causal attention for those queries, also when scores reach ±100."""
+    gen = torch.Generator().manual_seed(1)
+    for sharpness in (1.0, 100.0):
+        q, k, v = (torch.randn(1, 2, 12, 8, generator=gen) for _ in range(3))
+        q = q * sharpness
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=True)[..., 8:, :]
+        out, lse = torch.zeros(1, 2, 4, 8), torch.full((1, 2, 4), float("-inf"))
+        for chunk in range(3):
+            keys = slice(4 * chunk, 4 * chunk + 4)
+            block = block_attention(q[..., 8:, :], k[..., keys, :], v[..., keys, :], diagonal=chunk == 2)
+            out, lse = merge_partials(out, lse, *block)
+        assert (out - want).abs().max() < 1e-5, sharpness
+
+
+def test_shard_sequence_gives_every_token_to_exactly_one_rank() -> None:
+    tokens = torch.arange(16).unsqueeze(0)
+    for balanced in (False, True):
+        held = torch.cat([shard_sequence(tokens, r, 4, balanced) for r in range(4)], dim=1)
+        assert sorted(held.flatten().tolist()) == list(range(16))
+    assert shard_sequence(tokens, 0, 4, True).flatten().tolist() == [0, 1, 14, 15]
+    assert shard_sequence(tokens, 0, 4, False).flatten().tolist() == [0, 1, 2, 3]
+
+
+def test_load_balancing_gives_every_rank_the_same_blocks_at_every_step() -> None:
+    """Contiguous chunks: rank r computes 3 + 4r causal blocks, the last rank 4W - 1, and the
+    others idle for the rest (80 % for rank 0 at W = 4); balanced chunks: 3 blocks at the
+    first step and 2 at every other for every rank, no idle time, and the ring takes
+    2W + 1 block-times instead of 4W - 1."""
+    for world_size in (2, 4, 8):
+        contiguous = score_blocks_per_step(world_size, load_balanced=False)
+        balanced = score_blocks_per_step(world_size, load_balanced=True)
+        total = world_size * (2 * world_size + 1)  # (2W)(2W+1)/2 causal chunk pairs
+        assert sum(map(sum, contiguous)) == sum(map(sum, balanced)) == total
+        assert [sum(col) for col in zip(*contiguous, strict=True)] == [3 + 4 * r for r in range(world_size)]
+        assert balanced == [[3] * world_size] + [[2] * world_size] * (world_size - 1)
+        assert sum(max(step) for step in contiguous) == 4 * world_size - 1
+        assert sum(max(step) for step in balanced) == 2 * world_size + 1
+        assert idle_share(world_size, load_balanced=True) == [0.0] * world_size
+    assert idle_share(4, load_balanced=False) == pytest.approx([12 / 15, 8 / 15, 4 / 15, 0.0])
+
+
+def test_ring_bytes_per_layer_by_hand() -> None:
+    """Llama-8B-like layer (d_model 4096), 128k tokens on 8 ranks, bf16: each rank's K and V
+    chunk is 2 x 16384 x 4096 x 2 B = 256 MiB; forward sends it 7 times, backward 15."""
+    volume = ring_bytes_per_layer(1, 131072, 4096, 8, bytes_per_element=2)
+    assert volume == {"forward": 7 * 2 ** 28, "backward": 15 * 2 ** 28}
