@@ -159,10 +159,12 @@ class _Ring:
 
 
 def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank's two chunks, split back apart along the sequence (the next-to-last dim)."""
     first, second = x.chunk(2, dim=-2)
     return first, second
 
 
+# --8<-- [start:ring_forward]
 class _RingAttention(torch.autograd.Function):
     """Causal ring attention with a ring backward (see the module docstring)."""
 
@@ -193,6 +195,7 @@ class _RingAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.options = (group, load_balanced, stats)  # type: ignore[attr-defined]
         return out
+# --8<-- [end:ring_forward]
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,
@@ -256,7 +259,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 # --8<-- [start:balance]
 def score_blocks_per_step(world_size: int, load_balanced: bool) -> list[list[int]]:
-    """Chunk-pair score blocks each rank computes at each ring step, [step][rank].
+    """Chunk-pair score blocks each rank computes at each ring step, indexed by step, then rank.
 
     A rank attends its two query chunks to the two key chunks it holds at that step; the
     causal mask skips a key chunk later than the query chunk, so a pair costs one block
