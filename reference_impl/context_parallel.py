@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 # --8<-- [end:imports]
+from reference_impl.model import Block
 
 
 # --8<-- [start:layout]
@@ -255,6 +258,26 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     out: torch.Tensor = _RingAttention.apply(q, k, v, group, load_balanced, stats)
     return out
+
+
+# --8<-- [start:parallelize]
+def parallelize(model: nn.Module, group: dist.ProcessGroup | None, load_balanced: bool = True) -> nn.Module:
+    """Make every attention block of `model` attend with ring attention over `group`.
+
+    The model then runs on this rank's tokens (`shard_sequence`) and their positions: every
+    other layer treats tokens one at a time. The weights stay whole on every rank; each
+    rank's loss covers its tokens, so the gradient of the mean loss is the mean of the ranks'.
+
+    Raises:
+        ValueError: The model uses dropout, whose masks would differ from one process's.
+    """
+    for block in model.modules():
+        if isinstance(block, Block):
+            if block.dropout:
+                raise ValueError("context parallel needs dropout 0: ring attention has no attention dropout")
+            block.attention = partial(ring_attention, group=group, load_balanced=load_balanced)
+    return model
+# --8<-- [end:parallelize]
 
 
 # --8<-- [start:balance]

@@ -4,7 +4,7 @@ units that FSDP2 shards and activation checkpointing recomputes."""
 # --8<-- [start:imports]
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -53,16 +53,21 @@ class Block(nn.Module):
         self.proj = nn.Linear(d_model, d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, d_model))
         self.drop = nn.Dropout(dropout)
+        # Set by context_parallel.parallelize: causal attention of this rank's slice of the
+        # sequence over the whole sequence (None: the whole sequence is here).
+        self.attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(self.norm1(x))
         # Rows of qkv are grouped by head (q, k, v of head 0, then of head 1, ...), so a
         # column-parallel split hands each rank whole heads; -1 is the heads this rank holds.
         b, t, _ = qkv.shape
-        q, k, v = qkv.view(b, t, -1, 3, self.head_dim).unbind(3)
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0)
+        q, k, v = (part.transpose(1, 2) for part in qkv.view(b, t, -1, 3, self.head_dim).unbind(3))
+        if self.attention is not None:
+            attn = self.attention(q, k, v)
+        else:
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  dropout_p=self.dropout if self.training else 0.0)
         x = x + self.drop(self.proj(attn.transpose(1, 2).reshape(b, t, -1)))
         return x + self.drop(self.mlp(self.norm2(x)))
 
@@ -91,8 +96,10 @@ class TinyTransformer(nn.Module):
         self.head = nn.Linear(d_model, vocab_size)
         self.checkpoint_blocks = False  # set by parallel.wrap_model for --activation-checkpointing
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for `tokens`; `positions` are their places in the sequence when they are
+        not 0..t-1 (a context-parallel rank's slice)."""
+        x = self.embed(tokens) + (self.pos[: tokens.shape[1]] if positions is None else self.pos[positions])
         x = run_blocks(self.blocks, x, recompute=self.checkpoint_blocks and self.training)
         # Linear on 3-D input returns a view of a 2-D matmul's result. FSDP2 hooks the backward
         # pass onto the root module's output and warns on every forward that an in-place op

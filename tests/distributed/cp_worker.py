@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference_impl.context_parallel import CommStats, ring_attention, shard_sequence
+from reference_impl.context_parallel import CommStats, parallelize, ring_attention, shard_sequence
+from reference_impl.model import TinyTransformer
 
 BATCH, HEADS, HEAD_DIM, CHUNK = 2, 2, 8, 4  # CHUNK tokens per chunk: diagonal blocks mask inside
 # (load_balanced, query scale, dtype of the ring's inputs); the reference is computed in
@@ -32,10 +33,14 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.double() - want).abs().max() / want.abs().max())
 
 
-def compare_with_full_attention(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Write rank<r>.json: per case, the relative error of out, dq, dk, dv and bytes sent."""
+def _gloo(rank: int, world_size: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=60))
+
+
+def compare_with_full_attention(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Write rank<r>.json: per case, the relative error of out, dq, dk, dv and bytes sent."""
+    _gloo(rank, world_size, port)
     try:
         seq_len = 2 * world_size * CHUNK
         results = {}
@@ -63,5 +68,44 @@ def compare_with_full_attention(rank: int, world_size: int, port: int, out_dir: 
                 "forward_bytes": forward_bytes, "total_bytes": stats.bytes_sent,
             }
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def compare_transformer_with_one_process(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Write model<r>.json: for contiguous and load-balanced chunks, the difference of the
+    transformer's loss and of every parameter's gradient (averaged over the ranks, as data
+    parallel would) from one process's over the whole sequence, in float64."""
+    _gloo(rank, world_size, port)
+    try:
+        seq_len, results = 2 * world_size * CHUNK, {}
+        torch.manual_seed(0)
+        model = TinyTransformer(vocab_size=64, seq_len=seq_len, d_model=16, n_layers=2, n_heads=2,
+                                hidden_dim=32, dropout=0.0).double()
+        tokens, targets = torch.randint(0, 64, (3, seq_len)), torch.randint(0, 64, (3, seq_len))
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        want = {name: p.grad.clone() for name, p in model.named_parameters()}
+        for load_balanced in (False, True):
+            model.zero_grad()
+            parallelize(model, None, load_balanced)
+
+            def mine(x: torch.Tensor, lb: bool = load_balanced) -> torch.Tensor:
+                return shard_sequence(x, rank, world_size, lb, dim=-1)
+
+            local = F.cross_entropy(model(mine(tokens), mine(torch.arange(seq_len))).flatten(0, 1),
+                                    mine(targets).flatten())
+            local.backward()
+            # Each rank's loss is the mean over its tokens; the ranks hold equally many.
+            mean = local.detach().clone()
+            dist.all_reduce(mean)
+            errors = []
+            for name, p in model.named_parameters():
+                dist.all_reduce(p.grad)
+                errors.append(_relative_error(p.grad / world_size, want[name]))
+            results["load_balanced" if load_balanced else "contiguous"] = {
+                "loss": abs(mean.item() / world_size - loss.item()), "grad": max(errors),
+                "parameters": len(errors)}
+        (Path(out_dir) / f"model{rank}.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()

@@ -21,10 +21,12 @@ from reference_impl.context_parallel import (
     block_attention,
     idle_share,
     merge_partials,
+    parallelize,
     ring_bytes_per_layer,
     score_blocks_per_step,
     shard_sequence,
 )
+from reference_impl.model import TinyTransformer
 
 # Relative to the largest entry of the float64 reference: float64 leaves only a different
 # summation order; float32 with scores of ±100 (a near-one-hot softmax) loses digits of dq
@@ -70,6 +72,29 @@ def test_ring_attention_on_four_ranks_equals_full_attention(tmp_path: Path) -> N
     """As on two ranks, with four: keys arrive from three other ranks, some from later in
     the sequence (skipped by the causal mask) and some from earlier."""
     _assert_equal_to_full_attention(4, tmp_path)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # like the two-rank attention test
+@pytest.mark.timeout(180)
+def test_transformer_on_two_context_parallel_ranks_equals_one_process(tmp_path: Path) -> None:
+    """The reference transformer with ring attention (`parallelize`) on each rank's tokens and
+    positions: the mean of the ranks' losses, and of their gradients for every parameter,
+    equal one process's over the whole sequence within 1e-12 (float64)."""
+    spawn(cp_worker.compare_transformer_with_one_process, (2, free_port(), str(tmp_path)), timeout=120)
+    for rank in range(2):
+        results = json.loads((tmp_path / f"model{rank}.json").read_text())
+        assert set(results) == {"contiguous", "load_balanced"}
+        for case, result in results.items():
+            assert result["parameters"] == 30, "every parameter: 12 per block, embed, pos, norm and head"
+            assert result["loss"] < 1e-12 and result["grad"] < 1e-12, (rank, case, result)
+
+
+def test_context_parallel_refuses_dropout() -> None:
+    model = TinyTransformer(vocab_size=8, seq_len=8, d_model=8, n_layers=1, n_heads=2, hidden_dim=8,
+                            dropout=0.1)
+    with pytest.raises(ValueError, match="dropout 0"):
+        parallelize(model, None)
 
 
 def test_merging_chunks_with_log_sum_exp_equals_attention_over_all_keys() -> None:
