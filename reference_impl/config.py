@@ -42,7 +42,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
                       "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate", "compile",
-                      "deterministic")
+                      "deterministic", "cp_degree")
 # --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
@@ -72,6 +72,10 @@ class TrainConfig:
     tp_degree: int = 1
     """Tensor-parallel ranks per model replica (transformer only): each splits every matmul
     and reads the same samples; the world size must be a multiple of it."""
+    cp_degree: int = 1
+    """Context-parallel ranks per model replica (transformer, dropout 0): each holds 2 of
+    2 x cp_degree chunks of every sequence, ring attention passes keys and values between
+    them, and they read the same samples; the world size must be a multiple of it."""
     pp_degree: int = 1
     """Pipeline stages per model replica (transformer only): the blocks are cut into this many
     consecutive stages, one per rank, and the ranks of one pipeline read the same samples."""
@@ -188,7 +192,7 @@ class TrainConfig:
     @property
     def data_parallel_size(self) -> int:
         """Ranks that read different samples: the world size over the tensor and pipeline degrees."""
-        return self.world_size // (self.tp_degree * self.pp_degree)
+        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree)
 
     @property
     def pipeline_microbatches(self) -> int:
@@ -220,7 +224,7 @@ class TrainConfig:
         for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size",
                      "input_dim", "hidden_dim", "num_classes", "vocab_size", "seq_len",
                      "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size", "tp_degree",
-                     "pp_degree", "dp_replicate"):
+                     "pp_degree", "dp_replicate", "cp_degree"):
             if getattr(self, name) < 1:
                 _fail(f"{name} must be >= 1 (got {getattr(self, name)})")
         for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank", "pp_microbatches"):
@@ -255,6 +259,7 @@ class TrainConfig:
         self._check_tensor_parallel()
         self._check_pipeline()
         self._check_replicas()
+        self._check_context_parallel()
         if self.dataset_size < self.global_batch_size:
             _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x data-parallel size)")
@@ -306,6 +311,21 @@ class TrainConfig:
         if self.strategy == "ddp" and self.data_parallel_size > 1:
             _fail("tensor parallel with more than one data-parallel rank needs --strategy fsdp "
                   "(DDP does not wrap DTensor parameters)")
+
+    def _check_context_parallel(self) -> None:
+        """Ring attention splits every sequence into 2 x cp_degree chunks; the data-parallel
+        wrapper spans the cp ranks too, and no other parallelism is combined with it here."""
+        if self.cp_degree == 1:
+            return
+        if self.model != "transformer" or self.dropout:
+            _fail("cp_degree above 1 needs --model transformer with dropout 0 (ring attention has no dropout)")
+        if self.seq_len % (2 * self.cp_degree):
+            _fail(f"2 x cp_degree ({2 * self.cp_degree}) must divide seq_len ({self.seq_len})")
+        if self.world_size % self.cp_degree:
+            _fail(f"cp_degree ({self.cp_degree}) must divide the world size ({self.world_size})")
+        if self.tp_degree > 1 or self.pp_degree > 1 or self.dp_replicate > 1:
+            _fail("cp_degree above 1 runs with tp_degree, pp_degree and dp_replicate 1 "
+                  "(only data parallel is combined with it here)")
 
     def _check_replicas(self) -> None:
         """HSDP: whole replica groups of at least two FSDP2 shards each, and nothing else on the mesh."""

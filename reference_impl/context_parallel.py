@@ -25,9 +25,13 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.utils.data import Dataset
 
 # --8<-- [end:imports]
-from reference_impl.model import Block
+from reference_impl.config import TrainConfig
+from reference_impl.data import Sample
+from reference_impl.model import Block, TinyTransformer
 
 
 # --8<-- [start:layout]
@@ -262,21 +266,61 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 # --8<-- [start:parallelize]
 def parallelize(model: nn.Module, group: dist.ProcessGroup | None, load_balanced: bool = True) -> nn.Module:
-    """Make every attention block of `model` attend with ring attention over `group`.
+    """Make `model` run on this rank's tokens of every sequence, attending over all of them.
 
-    The model then runs on this rank's tokens (`shard_sequence`) and their positions: every
-    other layer treats tokens one at a time. The weights stay whole on every rank; each
-    rank's loss covers its tokens, so the gradient of the mean loss is the mean of the ranks'.
+    Every attention block attends with ring attention over `group`, and the model embeds
+    its input at this rank's positions (`shard_sequence` of 0..t-1); every other layer
+    treats tokens one at a time. The weights stay whole on every rank; each rank's loss
+    covers its tokens, so the gradient of the mean loss is the mean of the ranks'.
 
     Raises:
         ValueError: The model uses dropout, whose masks would differ from one process's.
     """
-    for block in model.modules():
-        if isinstance(block, Block):
-            if block.dropout:
+    for module in model.modules():
+        if isinstance(module, Block):
+            if module.dropout:
                 raise ValueError("context parallel needs dropout 0: ring attention has no attention dropout")
-            block.attention = partial(ring_attention, group=group, load_balanced=load_balanced)
+            module.attention = partial(ring_attention, group=group, load_balanced=load_balanced)
+        if isinstance(module, TinyTransformer):
+            module.register_forward_pre_hook(partial(_at_my_positions, group, load_balanced), with_kwargs=True)
     return model
+
+
+def _at_my_positions(group: dist.ProcessGroup | None, load_balanced: bool, module: nn.Module,
+                     args: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]
+                     ) -> tuple[tuple[torch.Tensor, ...], dict[str, torch.Tensor]]:
+    """Pass the positions of this rank's tokens to the model's forward, unless given."""
+    if "positions" not in kwargs and len(args) == 1:
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+        whole = torch.arange(world_size * args[0].shape[1], device=args[0].device)
+        kwargs = {**kwargs, "positions": shard_sequence(whole, rank, world_size, load_balanced, dim=0)}
+    return args, kwargs
+
+
+class SequenceShard(Dataset[Sample]):
+    """A token dataset as one context-parallel rank sees it: its tokens of every sample.
+
+    The ranks of a context-parallel group read the same samples (the sampler gives them
+    one data-parallel shard) and each keeps its chunks of the inputs and of the targets.
+    """
+
+    def __init__(self, dataset: Dataset[Sample], rank: int, world_size: int, load_balanced: bool = True) -> None:
+        self.dataset, self.rank, self.world_size, self.load_balanced = dataset, rank, world_size, load_balanced
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Sample:
+        inputs, targets, index = self.dataset[index]
+        return (shard_sequence(inputs, self.rank, self.world_size, self.load_balanced, dim=0),
+                shard_sequence(targets, self.rank, self.world_size, self.load_balanced, dim=0), index)
+
+
+def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
+    """The trainer's context parallel (`--cp-degree`): `parallelize` over the cp axis's group,
+    with load-balanced chunks. The data-parallel wrapper that follows spans the cp ranks
+    too (`ParallelDims.mesh_of`) and averages their gradients."""
+    return parallelize(model, mesh.get_group())
 # --8<-- [end:parallelize]
 
 

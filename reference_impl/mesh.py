@@ -1,4 +1,4 @@
-"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x tensor.
+"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x context x tensor.
 
 One `ParallelDims` is built from the config and the world size and then read by
 everything that must agree on who holds what: the sampler (which data-parallel shard a
@@ -21,7 +21,7 @@ from reference_impl.config import TrainConfig
 # --8<-- [start:axes]
 # Outermost first: ranks that differ only in the last axis (tp) are neighbours, so a
 # tensor-parallel group sits on one node, where the links are fastest.
-AXES = ("pp", "dp_replicate", "dp_shard", "tp")
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 # --8<-- [end:axes]
 
 
@@ -34,6 +34,7 @@ class ParallelDims:
         pp: Pipeline stages: ranks that each hold consecutive blocks and read the same samples.
         dp_replicate: Data-parallel replicas that hold whole copies (DDP).
         dp_shard: Data-parallel ranks that shard parameters between them (FSDP2).
+        cp: Context-parallel ranks that split every sequence and read the same samples.
         tp: Tensor-parallel ranks that split every matmul and read the same samples.
         data_axis: The axis the data-parallel strategy occupies (dp_replicate or dp_shard).
         device_type: "cpu" or "cuda": the device the mesh's communicators serve.
@@ -42,14 +43,16 @@ class ParallelDims:
     pp: int = 1
     dp_replicate: int = 1
     dp_shard: int = 1
+    cp: int = 1
     tp: int = 1
     data_axis: str = "dp_replicate"
     device_type: str = field(default="cpu", compare=False)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, data_axis: str, device_type: str = "cpu") -> ParallelDims:
-        """The mesh of `cfg`: `pp_degree` stages, `tp_degree` tensor-parallel ranks, and the
-        rest of the world on `data_axis` (split into `dp_replicate` x dp_shard under HSDP).
+        """The mesh of `cfg`: `pp_degree` stages, `cp_degree` context-parallel and `tp_degree`
+        tensor-parallel ranks, and the rest of the world on `data_axis` (split into
+        `dp_replicate` x dp_shard under HSDP).
 
         `TrainConfig` has already refused degrees that do not divide the world size, before
         any process group started, so the degrees always multiply to it.
@@ -57,7 +60,8 @@ class ParallelDims:
         data = {data_axis: cfg.data_parallel_size // cfg.dp_replicate}
         if cfg.dp_replicate > 1:  # HSDP: the data axis is dp_shard, replicated dp_replicate times
             data["dp_replicate"] = cfg.dp_replicate
-        return cls(pp=cfg.pp_degree, tp=cfg.tp_degree, data_axis=data_axis, device_type=device_type, **data)
+        return cls(pp=cfg.pp_degree, cp=cfg.cp_degree, tp=cfg.tp_degree, data_axis=data_axis,
+                   device_type=device_type, **data)
 
     def degree(self, axis: str) -> int:
         """How many ranks `axis` spans."""
@@ -84,7 +88,8 @@ class ParallelDims:
         return {axis: coords[axis] for axis in AXES}
 
     def dp_rank(self, rank: int) -> int:
-        """The data-parallel shard global `rank` reads: equal across its tensor-parallel group."""
+        """The data-parallel shard global `rank` reads: equal across its context- and
+        tensor-parallel groups."""
         coords = self.coordinates(rank)
         return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
 
@@ -107,13 +112,21 @@ class ParallelDims:
     def wrapped_axes(self) -> tuple[str, ...]:
         """The used axes whose parallelism wraps the model: under HSDP dp_replicate has none
         of its own (the FSDP2 wrapper of dp_shard spans it)."""
-        return tuple(axis for axis in self.used_axes if not (self.hsdp and axis == "dp_replicate"))
+        axes = tuple(axis for axis in self.used_axes if not (self.hsdp and axis == "dp_replicate"))
+        if self.cp > 1 and self.data_axis not in axes:  # its wrapper averages the cp ranks' gradients
+            axes = (*axes, self.data_axis)
+        return axes
 
     def mesh_of(self, axis: str) -> DeviceMesh:
         """The mesh the parallelism of `axis` spans: under HSDP, dp_shard's is the 2-D
-        (dp_replicate, dp_shard) mesh, which `fully_shard` treats as shard-within-replicate."""
+        (dp_replicate, dp_shard) mesh, which `fully_shard` treats as shard-within-replicate.
+        Under context parallel the data axis's is the data and cp ranks as one flat axis:
+        the ranks of a cp group train on different tokens of the same samples, so the
+        data-parallel wrapper averages their gradients as it does the data shards'."""
         if self.hsdp and axis == "dp_shard":
             return self.device_mesh["dp_replicate", "dp_shard"]
+        if self.cp > 1 and axis == self.data_axis:
+            return self.device_mesh[axis, "cp"]._flatten() if self.degree(axis) > 1 else self.device_mesh["cp"]
         return self.device_mesh[axis]
 
     def group(self, axis: str) -> ProcessGroup | None:

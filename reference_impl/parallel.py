@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # --8<-- [end:imports]
-from reference_impl import pipeline, tensor_parallel
+from reference_impl import context_parallel, pipeline, tensor_parallel
 from reference_impl.compiled import compile_units
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -71,6 +71,7 @@ class Parallelism:
 PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
     "pp": Parallelism("pp", pipeline.split, sharded=True),
     "tp": Parallelism("tp", tensor_parallel.parallelize, sharded=True),
+    "cp": Parallelism("cp", context_parallel.wrap, sharded=False),
     "ddp": Parallelism("dp_replicate", ddp, sharded=False),
     "fsdp": Parallelism("dp_shard", fsdp, sharded=True),
 }

@@ -25,6 +25,7 @@ from reference_impl.checkpoint import AsyncSaver, CheckpointManager, Incompatibl
 from reference_impl.checkpoint.files import make_dir
 from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
 from reference_impl.faults import FaultInjector, Watchdog
@@ -51,6 +52,8 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     tensor-parallel group, and the stages of one pipeline, read the same samples.
     """
     dataset, mesh = build_dataset(cfg), dims_of(cfg, ctx.device.type)
+    if mesh.cp > 1:  # each context-parallel rank keeps its chunks of every sequence
+        dataset = SequenceShard(dataset, mesh.coordinates(ctx.rank)["cp"], mesh.cp)
     dp_rank = mesh.dp_rank(ctx.rank)
     sampler = ResumableDistributedSampler(cfg.dataset_size, world_size=mesh.dp_size, rank=dp_rank,
                                           global_batch_size=cfg.global_batch_size, seed=cfg.seed)

@@ -182,8 +182,18 @@ HSDP_ERRORS = [
     (["--dp-replicate", "0"], "1", "dp_replicate must be >= 1"),
 ]
 
+CP = ["--model", "transformer", "--cp-degree", "2"]
+CP_ERRORS = [
+    (["--cp-degree", "2"], "2", "cp_degree above 1 needs --model transformer with dropout 0"),
+    ([*CP, "--dropout", "0.1"], "2", "cp_degree above 1 needs --model transformer with dropout 0"),
+    ([*CP, "--seq-len", "30"], "2", "2 x cp_degree (4) must divide seq_len (30)"),
+    (CP, "3", "cp_degree (2) must divide the world size (3)"),
+    ([*CP, "--tp-degree", "2", "--strategy", "fsdp"], "4", "cp_degree above 1 runs with tp_degree, pp_degree"),
+    (["--cp-degree", "0"], "1", "cp_degree must be >= 1"),
+]
 
-@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS + HSDP_ERRORS)
+
+@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS + HSDP_ERRORS + CP_ERRORS)
 def test_a_mesh_that_does_not_fit_is_a_config_error(flags: list[str], world: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig.from_cli(flags, {"WORLD_SIZE": world})
@@ -192,6 +202,11 @@ def test_a_mesh_that_does_not_fit_is_a_config_error(flags: list[str], world: str
 def test_tensor_parallel_ranks_share_their_samples_in_the_global_batch() -> None:
     flags = ["--strategy", "fsdp", "--model", "transformer", "--tp-degree", "2", "--micro-batch-size", "8"]
     cfg = TrainConfig.from_cli(flags, {"WORLD_SIZE": "4"})
+    assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
+
+
+def test_context_parallel_ranks_share_their_samples_in_the_global_batch() -> None:
+    cfg = TrainConfig.from_cli([*CP, "--micro-batch-size", "8"], {"WORLD_SIZE": "4"})
     assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
 
 

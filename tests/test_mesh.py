@@ -1,4 +1,4 @@
-"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard and tp axes, and
+"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard, cp and tp axes, and
 which data shard it reads, against an independent row-major layout and torch's DeviceMesh."""
 
 from __future__ import annotations
@@ -12,20 +12,22 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from reference_impl.mesh import AXES, ParallelDims
 
-# (pp, dp_replicate, dp_shard, tp): every axis alone, pairs, and all four at once.
-MESHES = [(1, 1, 1, 1), (1, 1, 1, 4), (4, 1, 1, 1), (1, 3, 1, 1), (1, 1, 3, 1), (2, 1, 2, 2), (2, 2, 1, 2),
-          (1, 2, 2, 2), (2, 2, 2, 1), (3, 2, 1, 2), (2, 2, 2, 2), (2, 3, 2, 2)]
+# (pp, dp_replicate, dp_shard, cp, tp): every axis alone, pairs, and all five at once.
+MESHES = [(1, 1, 1, 1, 1), (1, 1, 1, 1, 4), (4, 1, 1, 1, 1), (1, 3, 1, 1, 1), (1, 1, 3, 1, 1), (1, 1, 1, 2, 1),
+          (2, 1, 2, 1, 2), (2, 2, 1, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 1), (3, 2, 1, 1, 2), (2, 2, 2, 1, 2),
+          (2, 3, 2, 1, 2), (1, 1, 2, 2, 1), (1, 3, 1, 2, 1), (2, 2, 2, 2, 2)]
+Shape = tuple[int, int, int, int, int]
 
 
-def _dims(shape: tuple[int, int, int, int]) -> ParallelDims:
-    pp, replicate, shard, tp = shape
-    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, tp=tp,
+def _dims(shape: Shape) -> ParallelDims:
+    pp, replicate, shard, cp, tp = shape
+    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp,
                         data_axis="dp_shard" if shard > 1 else "dp_replicate")
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
-def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: tuple[int, int, int, int]) -> None:
-    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, tp), as DeviceMesh
+def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: Shape) -> None:
+    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, cp, tp), as DeviceMesh
     lays them out: each rank's coordinates are its index there, so tp varies fastest."""
     dims = _dims(shape)
     grid = torch.arange(dims.world_size).reshape(shape)
@@ -37,26 +39,28 @@ def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: tuple[int
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
-def test_dp_rank_numbers_the_data_shards_in_rank_order_shared_by_each_tp_group(
-        shape: tuple[int, int, int, int]) -> None:
-    """Within a pipeline stage, the ranks at one tp position read shards 0, 1, ..., dp_size - 1
-    in rank order (replicas outer, shards inner); the ranks of one tp group read the same."""
+def test_dp_rank_numbers_the_data_shards_in_rank_order_shared_by_each_tp_group(shape: Shape) -> None:
+    """Within a pipeline stage, the ranks at one (cp, tp) position read shards 0, 1, ...,
+    dp_size - 1 in rank order (replicas outer, shards inner); the ranks of one cp x tp block
+    read the same."""
     dims = _dims(shape)
     grid = torch.arange(dims.world_size).reshape(shape)
-    for stage, tp in itertools.product(range(dims.pp), range(dims.tp)):
-        ranks = grid[stage, :, :, tp].flatten().tolist()
+    for stage, cp, tp in itertools.product(range(dims.pp), range(dims.cp), range(dims.tp)):
+        ranks = grid[stage, :, :, cp, tp].flatten().tolist()
         assert ranks == sorted(ranks)
         assert [dims.dp_rank(r) for r in ranks] == list(range(dims.dp_size))
-    for group in grid.reshape(-1, dims.tp).tolist():
+    for group in grid.reshape(-1, dims.cp * dims.tp).tolist():
         assert len({dims.dp_rank(r) for r in group}) == 1, group
 
 
-@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 2), ("pp", "dp_shard", "tp")),
-                                             ((1, 2, 2, 2), ("dp_replicate", "dp_shard", "tp"))])
-def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: tuple[int, int, int, int],
+@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 1, 2), ("pp", "dp_shard", "tp")),
+                                             ((1, 2, 2, 1, 2), ("dp_replicate", "dp_shard", "tp")),
+                                             ((1, 1, 2, 2, 1), ("dp_shard", "cp"))])
+def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: Shape,
                                                              axes: tuple[str, ...]) -> None:
     """torch's own DeviceMesh, built on each rank of a fake process group (real layout, no
-    communication), puts every rank where `coordinates` says and groups the same tp ranks."""
+    communication), puts every rank where `coordinates` says and groups the same ranks on
+    the innermost axis."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dims = _dims(shape)
@@ -67,9 +71,9 @@ def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: tuple[int, in
             mesh = init_device_mesh("cpu", tuple(dims.degree(a) for a in axes), mesh_dim_names=axes)
             coords = dims.coordinates(rank)
             assert list(mesh.get_coordinate() or ()) == [coords[a] for a in axes], rank
-            same_tp = [r for r in range(dims.world_size)
-                       if all(dims.coordinates(r)[a] == coords[a] for a in AXES if a != "tp")]
-            assert mesh["tp"].mesh.flatten().tolist() == same_tp
+            same_inner = [r for r in range(dims.world_size)
+                          if all(dims.coordinates(r)[a] == coords[a] for a in AXES if a != axes[-1])]
+            assert mesh[axes[-1]].mesh.flatten().tolist() == same_inner
         finally:
             dist.destroy_process_group()
 
@@ -92,5 +96,27 @@ def test_hsdp_gives_fsdp2_the_replicate_by_shard_mesh_with_shard_groups_of_neigh
         mesh = dims.mesh_of("dp_shard")
         assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard")
         assert mesh.mesh.tolist() == [[0, 1], [2, 3]]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("strategy", "world", "data_ranks"), [("ddp", 2, [0, 1]), ("fsdp", 4, [0, 1, 2, 3])])
+def test_context_parallel_ranks_join_the_data_parallel_wrapper(strategy: str, world: int,
+                                                               data_ranks: list[int]) -> None:
+    """`--cp-degree 2`: ring attention over neighbouring ranks (0,1), and a data-parallel
+    wrapper over the data and cp ranks together, even when the data axis alone spans one
+    rank: the cp ranks train on different tokens, so it averages their gradients too."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from reference_impl.config import TrainConfig
+    from reference_impl.parallel import dims_of
+
+    cfg = TrainConfig(strategy=strategy, model="transformer", cp_degree=2, world_size=world)  # type: ignore[arg-type]
+    dims = dims_of(cfg)
+    assert set(dims.wrapped_axes) == {"cp", dims.data_axis} and dims.dp_size == world // 2
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        assert dims.mesh_of("cp").mesh.tolist() == [0, 1]
+        assert dims.mesh_of(dims.data_axis).mesh.flatten().tolist() == data_ranks
     finally:
         dist.destroy_process_group()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import cp_worker
 import pytest
 import torch
 import torch.nn.functional as F
-from launch import free_port, spawn
 
+import cp_worker
+from launch import free_port, python_module, spawn, train_ok
 from reference_impl.context_parallel import (
     block_attention,
     idle_share,
@@ -27,11 +27,14 @@ from reference_impl.context_parallel import (
     shard_sequence,
 )
 from reference_impl.model import TinyTransformer
+from sample_logs import losses, rank_log
 
 # Relative to the largest entry of the float64 reference: float64 leaves only a different
 # summation order; float32 with scores of ±100 (a near-one-hot softmax) loses digits of dq
 # to cancellation, and a missing max-subtraction gives inf and NaN, which fail any bound.
 TOL = {torch.float64: 1e-12, torch.float32: 1e-3}
+TRAIN = ["--model", "transformer", "--dataset-size", "512", "--warmup-steps", "2", "--log-every", "1",
+         "--pg-timeout-s", "60", "--max-steps", "10", "--micro-batch-size", "16"]
 
 
 def _ring_results(world_size: int, tmp_path: Path) -> list[dict[str, dict[str, float]]]:
@@ -145,3 +148,18 @@ def test_ring_bytes_per_layer_by_hand() -> None:
     chunk is 2 x 16384 x 4096 x 2 B = 256 MiB; forward sends it 7 times, backward 15."""
     volume = ring_bytes_per_layer(1, 131072, 4096, 8, bytes_per_element=2)
     assert volume == {"forward": 7 * 2 ** 28, "backward": 15 * 2 ** 28}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # two trainer runs
+@pytest.mark.timeout(300)
+def test_the_trainer_with_cp_degree_2_matches_one_process(tmp_path: Path) -> None:
+    """`--cp-degree 2` on 2 ranks (ring attention, DDP over the two cp ranks): the losses of
+    one process on the same global batch within 1e-5, and both ranks read the same samples."""
+    run = train_ok([*TRAIN, "--cp-degree", "2"], tmp_path / "cp", "--sample-log", str(tmp_path / "samples"))
+    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
+    single = python_module([*TRAIN, "--checkpoint-dir", str(tmp_path / "one")], timeout=120)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert len(losses(run)) == 10
+    assert losses(run) == pytest.approx(losses(single), abs=1e-5)
+    assert rank_log(tmp_path / "samples", 0) == rank_log(tmp_path / "samples", 1)
