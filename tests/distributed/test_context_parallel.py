@@ -151,15 +151,20 @@ def test_ring_bytes_per_layer_by_hand() -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # two trainer runs
-@pytest.mark.timeout(300)
+@pytest.mark.slow  # three trainer runs
+@pytest.mark.timeout(400)
 def test_the_trainer_with_cp_degree_2_matches_one_process(tmp_path: Path) -> None:
     """`--cp-degree 2` on 2 ranks (ring attention, DDP over the two cp ranks): the losses of
-    one process on the same global batch within 1e-5, and both ranks read the same samples."""
-    run = train_ok([*TRAIN, "--cp-degree", "2"], tmp_path / "cp", "--sample-log", str(tmp_path / "samples"))
+    one process on the same global batch within 1e-5, and both ranks read the same samples;
+    a SIGKILL at step 7 resumes from step 5 to the uninterrupted run's state bit for bit."""
+    cp = [*TRAIN, "--cp-degree", "2", "--checkpoint-every", "5"]
+    run = train_ok(cp, tmp_path / "cp", "--sample-log", str(tmp_path / "samples"))
     assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
     single = python_module([*TRAIN, "--checkpoint-dir", str(tmp_path / "one")], timeout=120)
     assert single.returncode == 0, single.stderr[-3000:]
     assert len(losses(run)) == 10
     assert losses(run) == pytest.approx(losses(single), abs=1e-5)
     assert rank_log(tmp_path / "samples", 0) == rank_log(tmp_path / "samples", 1)
+    killed = train_ok(cp, tmp_path / "killed", "--fail-at-step", "7", "--fail-rank", "1", restarts=1)
+    assert [e["step"] for e in killed.of("checkpoint_restored")] == [5]
+    assert killed.digest() == run.digest()
