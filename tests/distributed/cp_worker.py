@@ -9,6 +9,7 @@ reference's rows, and the bytes it sent.
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -87,20 +88,20 @@ def compare_transformer_with_one_process(rank: int, world_size: int, port: int, 
         loss.backward()
         want = {name: p.grad.clone() for name, p in model.named_parameters()}
         for load_balanced in (False, True):
-            model.zero_grad()
-            parallelize(model, None, load_balanced)
+            cp_model = parallelize(copy.deepcopy(model), None, load_balanced)
+            cp_model.zero_grad()
 
             def mine(x: torch.Tensor, lb: bool = load_balanced) -> torch.Tensor:
                 return shard_sequence(x, rank, world_size, lb, dim=-1)
 
-            local = F.cross_entropy(model(mine(tokens), mine(torch.arange(seq_len))).flatten(0, 1),
-                                    mine(targets).flatten())
+            # The model finds its tokens' positions itself (parallelize's forward pre-hook).
+            local = F.cross_entropy(cp_model(mine(tokens)).flatten(0, 1), mine(targets).flatten())
             local.backward()
             # Each rank's loss is the mean over its tokens; the ranks hold equally many.
             mean = local.detach().clone()
             dist.all_reduce(mean)
             errors = []
-            for name, p in model.named_parameters():
+            for name, p in cp_model.named_parameters():
                 dist.all_reduce(p.grad)
                 errors.append(_relative_error(p.grad / world_size, want[name]))
             results["load_balanced" if load_balanced else "contiguous"] = {

@@ -168,3 +168,23 @@ def test_the_trainer_with_cp_degree_2_matches_one_process(tmp_path: Path) -> Non
     killed = train_ok(cp, tmp_path / "killed", "--fail-at-step", "7", "--fail-rank", "1", restarts=1)
     assert [e["step"] for e in killed.of("checkpoint_restored")] == [5]
     assert killed.digest() == run.digest()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # a 4-rank job
+@pytest.mark.timeout(400)
+def test_fsdp_over_two_data_shards_and_two_cp_ranks_matches_one_process(tmp_path: Path) -> None:
+    """`--strategy fsdp --cp-degree 2` on 4 ranks: FSDP2 shards over all four (the two data
+    shards and their two cp ranks, one flat axis) and the losses are one process's within
+    1e-5; the ranks of a cp pair read the same samples, the two pairs disjoint ones."""
+    flags = ["--strategy", "fsdp", *TRAIN[:-2]]
+    run = train_ok([*flags, "--cp-degree", "2", "--micro-batch-size", "8"], tmp_path / "cp",
+                   "--sample-log", str(tmp_path / "samples"), nproc=4)
+    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 1}
+    single = python_module([*flags, "--micro-batch-size", "16", "--checkpoint-dir", str(tmp_path / "one")],
+                           timeout=120)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert losses(run) == pytest.approx(losses(single), abs=1e-5)
+    logs = [rank_log(tmp_path / "samples", r) for r in range(4)]
+    assert logs[0] == logs[1] and logs[2] == logs[3]
+    assert all(not set(logs[0][s]) & set(logs[2][s]) and len(logs[0][s]) == 8 for s in logs[0])
