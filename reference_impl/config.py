@@ -326,6 +326,8 @@ class TrainConfig:
         if self.tp_degree > 1 or self.pp_degree > 1 or self.dp_replicate > 1:
             _fail("cp_degree above 1 runs with tp_degree, pp_degree and dp_replicate 1 "
                   "(only data parallel is combined with it here)")
+        if self.compile:
+            _fail("cp_degree above 1 runs without --compile (ring attention is not tested compiled)")
 
     def _check_replicas(self) -> None:
         """HSDP: whole replica groups of at least two FSDP2 shards each, and nothing else on the mesh."""

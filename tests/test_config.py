@@ -189,6 +189,7 @@ CP_ERRORS = [
     ([*CP, "--seq-len", "30"], "2", "2 x cp_degree (4) must divide seq_len (30)"),
     (CP, "3", "cp_degree (2) must divide the world size (3)"),
     ([*CP, "--tp-degree", "2", "--strategy", "fsdp"], "4", "cp_degree above 1 runs with tp_degree, pp_degree"),
+    ([*CP, "--compile"], "2", "cp_degree above 1 runs without --compile"),
     (["--cp-degree", "0"], "1", "cp_degree must be >= 1"),
 ]
 
