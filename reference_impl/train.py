@@ -169,6 +169,8 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     state = state or build_state(cfg, ctx)
     timer, meter, samples = PhaseTimer(ctx.device), Throughput(), SampleLog(cfg.sample_log, ctx)
     faults, saver = FaultInjector(cfg, ctx), AsyncSaver(cfg.pg_timeout_s) if cfg.async_checkpoint else None
+    if saver:  # the optimizer step, the first write to the parameters, waits for the save's copy
+        saver.guard(state.optimizer)
     ckpt = CheckpointManager(Path(cfg.checkpoint_dir), log, cfg.keep_last) if cfg.checkpoint_dir else None
     log.progress("run_start", config_digest=cfg.digest(), world_size=ctx.world_size, mesh=state.mesh.describe(),
                  global_batch_size=cfg.global_batch_size, device=str(ctx.device),

@@ -232,3 +232,31 @@ def test_the_checkpoint_modules_import_only_those_beneath_them() -> None:
         imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                      and node.module == "reference_impl.checkpoint" for alias in node.names}
         assert imported <= set(order[:position]), f"{name} imports {sorted(imported - set(order[:position]))}"
+
+
+def test_the_optimizer_step_waits_for_an_async_saves_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DCP copies the state on a thread of its own while training goes on; the next
+    optimizer step must wait for that copy, or the checkpoint holds the step after."""
+    import time
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    from reference_impl.checkpoint.layouts import AsyncSaver
+
+    stage = DefaultStager._stage
+    monkeypatch.setattr(DefaultStager, "_stage", lambda self, *a, **k: (time.sleep(0.5), stage(self, *a, **k))[1])
+    model = torch.nn.Linear(64, 64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model(torch.randn(4, 64)).sum().backward()
+    saved = model.weight.detach().clone()
+    saver = AsyncSaver()
+    saver.guard(optimizer)
+    saver.start({"model": model.state_dict()}, tmp_path / "dcp")
+    saver.publish_when_done(None)  # nothing to publish: a bare DCP directory
+    optimizer.step()  # changes the weight, after the copy
+    saver.wait()
+    assert not torch.equal(model.weight, saved), "the step ran"
+    loaded = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    dcp.load(loaded, checkpoint_id=tmp_path / "dcp")
+    assert torch.equal(loaded["model"]["weight"], saved), "the checkpoint holds the weights it was asked to save"

@@ -38,9 +38,11 @@ def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, roun
     and the floor under the async stall: a copy of the same state into buffers that exist.
 
     Each save is `CheckpointManager.save` of the same state into a fresh directory, timed
-    from the call to its return; the async one (`saver=AsyncSaver()`) returns once DCP
-    has staged a copy, and is then waited for (its `total`: staged, written and
-    published). Every value is the slowest rank's. One untimed save of each kind comes
+    from the call to its return; the async one (`saver=AsyncSaver()`) returns while DCP
+    copies the state on a thread of its own, is then waited for until the copy is done
+    (`staged`: what the next optimizer step would wait for if no forward and backward ran
+    in between), and then until written and published (`total`). Every value is the
+    slowest rank's. One untimed save of each kind comes
     first (DCP's planning, the saver's gloo group). The floor copies this rank's shards of
     the parameters and optimizer state into preallocated host buffers, already touched, so
     it is the memcpy an async save cannot avoid.
@@ -52,47 +54,48 @@ def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, roun
         rounds: Timed rounds.
 
     Returns:
-        `sync`, `blocked` (async, until `CheckpointManager.save` returned), `async_total`
-        and `floor` seconds, one value per round.
+        `sync`, `blocked` (async, until `CheckpointManager.save` returned), `staged`,
+        `async_total` and `floor` seconds, one value per round.
     """
     root, saver, log = shared_tempdir(ctx), AsyncSaver(), EventLog(ctx.rank, io.StringIO())
     saves = itertools.count()
 
-    def save(background: bool) -> tuple[float, float]:
+    def save(background: bool) -> tuple[float, ...]:
         path = root / str(next(saves))
         settle(ctx)
         t0 = time.perf_counter()
         CheckpointManager(path, log).save(state, replace(cfg, checkpoint_dir=str(path)), ctx,
                                           saver=saver if background else None)
         returned = time.perf_counter() - t0
+        saver.wait_staged()  # what the next optimizer step would wait for, with no compute to overlap
+        staged = time.perf_counter() - t0
         saver.wait()
         done = time.perf_counter() - t0
         remove_shared(path, ctx)
-        returned, done = slowest(ctx, returned, done)
-        return returned, done
+        return slowest(ctx, returned, staged, done)
 
     sources = _state_tensors(state)
     buffers = [torch.empty_like(t, device="cpu") for t in sources]
 
-    def copy() -> tuple[float, float]:
+    def copy() -> tuple[float, ...]:
         settle(ctx)
         t0 = time.perf_counter()
         for buffer, source in zip(buffers, sources, strict=True):
             buffer.copy_(source)
-        (elapsed,) = slowest(ctx, time.perf_counter() - t0)
-        return elapsed, elapsed
+        return slowest(ctx, time.perf_counter() - t0)
 
     try:
         save(False)
         save(True)
         copy()  # touches every buffer page once, as a reused stager's buffers are
-        cases: dict[str, Callable[[], tuple[float, float]]] = {
+        cases: dict[str, Callable[[], tuple[float, ...]]] = {
             "sync": partial(save, False), "async": partial(save, True), "floor": copy}
         times = interleave(rounds, cases)
     finally:
         remove_shared(root, ctx)
-    return {"sync": [t for t, _ in times["sync"]], "blocked": [t for t, _ in times["async"]],
-            "async_total": [t for _, t in times["async"]], "floor": [t for t, _ in times["floor"]]}
+    return {"sync": [t[0] for t in times["sync"]], "blocked": [t[0] for t in times["async"]],
+            "staged": [t[1] for t in times["async"]], "async_total": [t[2] for t in times["async"]],
+            "floor": [t[0] for t in times["floor"]]}
 
 
 def _state_tensors(state: TrainState) -> list[torch.Tensor]:
@@ -103,13 +106,14 @@ def _state_tensors(state: TrainState) -> list[torch.Tensor]:
 
 
 def stall_summary(stall: dict[str, list[float]]) -> dict[str, float]:
-    """Medians of a `checkpoint_stall` result and the blocked/sync ratio."""
+    """Medians of a `checkpoint_stall` result and the ratios to the sync save and the floor."""
     medians = {name: median(t) for name, t in stall.items()}
     return {"sync_s": round(medians["sync"], 4), "blocked_s": round(medians["blocked"], 4),
-            "async_total_s": round(medians["async_total"], 4),
+            "staged_s": round(medians["staged"], 4), "async_total_s": round(medians["async_total"], 4),
             "blocked_ratio": round(medians["blocked"] / medians["sync"], 4),
             "floor_s": round(medians["floor"], 4),
-            "blocked_floor_ratio": round(medians["blocked"] / medians["floor"], 4)}
+            "blocked_floor_ratio": round(medians["blocked"] / medians["floor"], 4),
+            "staged_floor_ratio": round(medians["staged"] / medians["floor"], 4)}
 
 
 @benchmark("async", "how long an async FSDP checkpoint blocks training against a sync save "
@@ -141,13 +145,15 @@ def async_checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, An
             return {}
         summary = stall_summary(stall)
         rows = [["sync save", summary["sync_s"], min(stall["sync"]), max(stall["sync"])],
-                ["async, blocked", summary["blocked_s"], min(stall["blocked"]), max(stall["blocked"])],
+                ["async, until save() returned", summary["blocked_s"], min(stall["blocked"]), max(stall["blocked"])],
+                ["async, until the copy is done", summary["staged_s"], min(stall["staged"]), max(stall["staged"])],
                 ["async, until published", summary["async_total_s"], min(stall["async_total"]),
                  max(stall["async_total"])],
                 ["copy into preallocated buffers (floor)", summary["floor_s"], min(stall["floor"]),
                  max(stall["floor"])],
                 ["blocked/sync", summary["blocked_ratio"], "", ""],
-                ["blocked/floor", summary["blocked_floor_ratio"], "", ""]]
+                ["blocked/floor", summary["blocked_floor_ratio"], "", ""],
+                ["copied/floor", summary["staged_floor_ratio"], "", ""]]
         return report("async", ["save", "median s", "min", "max"], rows, {
             **summary, "params": params, "world_size": ctx.world_size, "device": str(ctx.device),
             "rounds": args.rounds, "config_digest": cfg.digest(),

@@ -206,8 +206,10 @@ class AsyncSaver:
 
     The training collectives keep the default group; sharing it with a background save
     interleaves two streams of collectives on one communicator, which crashes or hangs.
-    DCP copies (stages) the state before `async_save` returns, so the next optimizer step
-    can safely change the parameters. One stager serves every save: it keeps the host
+    DCP copies (stages) the state on a thread of its own, so `async_save` returns at once
+    and the next step's forward and backward run during the copy; only the optimizer step,
+    which changes the parameters, waits for it (`guard` registers the wait as the optimizer's
+    step pre-hook). One stager serves every save: it keeps the host
     copies from the first save and copies into them on the next, so a save's stall is a
     memcpy, not fresh allocations and their page faults (the price: one host copy of the
     rank's state held for the run). Before torch 2.13, `async_save` closes the stager it
@@ -221,21 +223,34 @@ class AsyncSaver:
                       if dist.is_initialized() else None)
         self._stager: Any = None
         self._future: Any = None
+        self._staged: Any = None
         self._published = threading.Event()
         self._error: BaseException | None = None
 
     def start(self, state: dict[str, Any], path: Path) -> None:
-        """Begin writing `state` to `path` with DCP; returns once the state is staged."""
+        """Begin copying `state` and writing it to `path` with DCP; returns at once."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._stager is None or not _CALLER_CLOSES_STAGER:
             gpu = torch.cuda.is_available()  # pinned buffers and non-blocking copies need a device
             self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=gpu))
-        self._future = dcp.async_save(state, checkpoint_id=path, process_group=self.group,
-                                      async_stager=self._stager)
+                                                        use_async_staging=True, use_non_blocking_copy=gpu))
+        response = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self._stager)
+        # With background staging DCP returns two futures: copied, and written.
+        self._staged = getattr(response, "staging_completion", None)
+        self._future = getattr(response, "upload_completion", response)
         self._published.clear()
+
+    def wait_staged(self) -> None:
+        """Block until DCP's copy of the state is complete: the parameters may change after."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            staged.result()
+
+    def guard(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make every `optimizer.step()` wait until the save in flight has copied the state."""
+        optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
 
     def publish_when_done(self, publish: Callable[[], None] | None) -> None:
         """Run `publish` (rank 0's; None elsewhere) once the write in flight completes."""
@@ -255,6 +270,7 @@ class AsyncSaver:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and published; re-raise errors."""
+        self.wait_staged()
         if self._future is None:
             return
         future, self._future = self._future, None
