@@ -37,13 +37,19 @@ def die_with_parent() -> None:
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     parent = _launcher()
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-            if _orphaned(parent):  # the agent died before prctl took effect
-                os.kill(os.getpid(), signal.SIGKILL)
-            return
+    if _sigkill_when_parent_dies():
+        if _orphaned(parent):  # the agent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
     threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _sigkill_when_parent_dies() -> bool:
+    """Have the kernel SIGKILL this process when its parent dies (Linux); False where it cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
 
 
 def _launcher() -> int:
@@ -88,8 +94,11 @@ def loader_worker_init(worker_id: int) -> None:
     and serves batches until its rank shuts it down. It obeys its rank's: Python's exit
     terminates daemonic children and then waits for them, so a rank leaving on an error
     with its loader still open would wait forever on workers deaf to SIGTERM. A rank
-    that dies outright is noticed by the DataLoader's own watchdog, which polls the
-    parent pid and ends the worker within seconds.
+    that dies outright takes its workers with it (SIGKILL on its death, on Linux): a
+    worker holds a copy of its rank's gloo sockets, so while it lived the other ranks
+    saw no connection close and waited, blocked in a collective, until the DataLoader's
+    own watchdog noticed the dead parent at its next 5 s poll. (That watchdog still ends
+    a worker whose rank died before this call.)
 
     The DataLoader seeds each worker before calling this, and nothing here draws random
     numbers: the data order and every RNG stream are unchanged. Where
@@ -98,6 +107,7 @@ def loader_worker_init(worker_id: int) -> None:
     Args:
         worker_id: The worker's index within this rank's DataLoader (unused).
     """
+    _sigkill_when_parent_dies()
     if not hasattr(signal, "sigwaitinfo"):
         return
     # Blocked before the handler changes: a SIGTERM arriving now waits for the filter.

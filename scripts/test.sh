@@ -13,5 +13,7 @@ if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
 fi
 # Two workers: much of the suite waits on process start-up and collectives, not the CPU
 # (22 min for the whole suite on a 2-core machine; one worker takes far longer). A later -n in "$@" wins: -n 0 runs
-# everything in this process.
-exec "$PY" -m pytest -n 2 "$@"
+# everything in this process. Whole files go to a worker, longest first (tests/conftest.py orders them; xdist's
+# own reordering by test count is off), so that a file's shared set-up is built once and the two workers
+# finish together.
+exec "$PY" -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"

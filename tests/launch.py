@@ -16,10 +16,19 @@ import torch.multiprocessing as mp
 
 from reference_impl.launch import LaunchTimeout, Run, descendants, free_port, kill_tree, run, torchrun_command
 
-__all__ = ["REPO", "Run", "descendants", "free_port", "kill_tree", "python_module", "run_command", "spawn",
-           "torchrun", "train_ok"]
+__all__ = ["REPO", "Run", "alive", "descendants", "free_port", "kill_tree", "python_module", "run_command",
+           "spawn", "torchrun", "train_ok"]
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def run_command(cmd: list[str], timeout: float, env: dict[str, str] | None = None,

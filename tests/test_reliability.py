@@ -20,7 +20,7 @@ import pytest
 
 import preemption_worker
 from checkpoints import manager, published
-from launch import REPO, Run, free_port, python_module, spawn
+from launch import REPO, Run, alive, free_port, python_module, spawn
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -167,6 +167,41 @@ def test_a_loader_worker_ignores_the_groups_sigterm_but_not_its_ranks() -> None:
     finally:
         worker.kill()
         worker.join(10)
+
+
+def _rank_with_a_loader_worker(worker_pid) -> None:
+    fork = multiprocessing.get_context("fork")
+    ready = fork.Event()
+    worker = fork.Process(target=_loader_worker, args=(ready,), daemon=True)
+    worker.start()
+    ready.wait(30)
+    worker_pid.value = worker.pid
+    time.sleep(60)
+
+
+def test_a_loader_worker_dies_with_its_rank_at_once() -> None:
+    """A loader worker holds a copy of its rank's gloo sockets: while it lives, the peers of
+    a rank that died see no connection close. torch's own watchdog would end it only at its
+    next poll of the parent pid, every 5 s; this rank has no such watchdog at all."""
+    fork = multiprocessing.get_context("fork")
+    worker_pid = fork.Value("i", 0)
+    rank = fork.Process(target=_rank_with_a_loader_worker, args=(worker_pid,))
+    rank.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not worker_pid.value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert worker_pid.value, "the loader worker did not start"
+        os.kill(rank.pid, signal.SIGKILL)
+        rank.join(10)
+        deadline = time.monotonic() + 2
+        while alive(worker_pid.value) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(worker_pid.value), "a loader worker outlived its SIGKILLed rank"
+    finally:
+        rank.kill()
+        if worker_pid.value and alive(worker_pid.value):
+            os.kill(worker_pid.value, signal.SIGKILL)
 
 
 def test_a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_without_a_collective_per_step(

@@ -133,7 +133,7 @@ def test_the_watchdog_reports_a_stalled_step_on_every_rank(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("half", [0, 1])  # two halves of five, so that two test workers share them
+@pytest.mark.parametrize("half", [0, 1])  # two halves of five; one worker runs the file, so one reference serves both
 def test_soak_ten_consecutive_kill_and_restart_runs_recover_bit_exactly(half: int, tmp_path,
                                                                         tmp_path_factory) -> None:
     expected = reference_digest(["--num-workers", "2"], tmp_path_factory)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, descendants, kill_tree, python_module, torchrun
+from launch import REPO, alive, descendants, kill_tree, python_module, torchrun
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.launch import torchrun_command
 from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, PREEMPTED_EXIT
@@ -21,15 +21,6 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 BASE = ["--max-steps", "30", "--checkpoint-every", "10", "--warmup-steps", "5", "--log-every", "10",
         "--dataset-size", "512", "--micro-batch-size", "8", "--hidden-dim", "32", "--pg-timeout-s", "30"]
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def start_endless_run(ckpt: Path, *flags: str) -> subprocess.Popen:
