@@ -15,7 +15,7 @@ each rank sends each other rank changes with every batch, so the ranks first exc
 counts (a small all-to-all of integers), then the rows with `all_to_all_single` and those
 split sizes, as Megatron-LM and torchtitan do.
 
-Proven on gloo: tests/distributed/test_experts.py checks that 2 and 4 ranks compute what
+Proven on gloo: tests/distributed/test_expert_parallel.py checks that 2 and 4 ranks compute what
 one process holding every expert computes (outputs, auxiliary loss, dropped tokens and the
 gradients), and that the bytes they pass to `all_to_all_single` are
 `reference_impl.calc.moe_all_to_all`'s.

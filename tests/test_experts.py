@@ -4,7 +4,7 @@ The loop is the definition written plainly: softmax over the experts, the top k,
 (the probability for k = 1, the pair renormalised for k = 2), first choices queued before
 second choices, an expert full at `ceil(capacity_factor x tokens x k / n_experts)`
 assignments, and the Switch/GShard loss `n_experts x sum_i f_i P_i`. Expert parallel is
-proven equal to this block in tests/distributed/test_experts.py.
+proven equal to this block in tests/distributed/test_expert_parallel.py.
 """
 
 from __future__ import annotations
