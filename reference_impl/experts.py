@@ -13,10 +13,11 @@ its own tokens. Two all-to-alls move the tokens: dispatch sends each (token, exp
 the rank that holds the expert, combine sends the expert's output back. The number of rows
 each rank sends each other rank changes with every batch, so the ranks first exchange the
 counts (a small all-to-all of integers), then the rows with `all_to_all_single` and those
-split sizes, as Megatron-LM and torchtitan do.
+split sizes, as torchtitan's expert parallel does (Megatron-LM's all-to-all dispatcher
+all-gathers the counts instead).
 
-Proven on gloo: tests/distributed/test_expert_parallel.py checks that 2 and 4 ranks compute what
-one process holding every expert computes (outputs, auxiliary loss, dropped tokens and the
+Proven on gloo: tests/distributed/test_expert_parallel.py checks that 2 and 4 ranks compute
+what one process holding every expert computes (outputs, auxiliary loss, dropped tokens and the
 gradients), and that the bytes they pass to `all_to_all_single` are
 `reference_impl.calc.moe_all_to_all`'s.
 """
