@@ -138,6 +138,7 @@ def combine(x: torch.Tensor, expert_out: torch.Tensor, routing: Routing, splits:
 # --8<-- [end:combine]
 
 
+# --8<-- [start:moe]
 class MoEOutput(NamedTuple):
     """What a mixture-of-experts block returns for one rank's batch."""
 
@@ -146,7 +147,6 @@ class MoEOutput(NamedTuple):
     dropped: int  # (token, expert) assignments over capacity in this batch
 
 
-# --8<-- [start:moe]
 class MoE(nn.Module):
     """A mixture-of-experts feed-forward block with a residual: `x + sum_k gate_k x E_k(x)`.
 
