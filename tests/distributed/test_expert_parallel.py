@@ -30,7 +30,7 @@ def _ranks(world_size: int, root: Path) -> list[dict[str, Any]]:
     return [torch.load(root / f"rank{r}.pt") for r in range(world_size)]
 
 
-# Four processes starting on two loaded cores take 30 s or more; two take about 14 s.
+# Starting the ranks dominates: on two shared cores 4 ranks took 20-45 s, 2 ranks 10 s (up to 30 s under heavy load).
 @pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=["ep2", "ep4"])
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
           ) -> tuple[int, list[dict[str, Any]]]:
