@@ -495,6 +495,47 @@ def pp_comm(*, seq_len: int, micro_batch: int, hidden: int, stages: int, bandwid
             "time_s": per_rank / bandwidth}
 
 
+
+def moe_all_to_all(*, tokens: int, hidden: int, top_k: int, ep_degree: int, bandwidth_bytes_per_s: float,
+                   activation_bytes: float = 2) -> dict[str, float]:
+    """Bytes each rank sends and receives for the all-to-alls of one MoE layer under expert parallel.
+
+    Each of a rank's `tokens` goes to `top_k` experts, so dispatch sends `tokens x top_k`
+    rows of `hidden` elements and combine brings as many back; the backward runs the same
+    two all-to-alls on the gradients: 4 per layer. With the load balanced over the
+    `ep_degree` e ranks, a share `1 / e` of the rows goes to experts on the rank itself and
+    never leaves it, so each rank sends (and receives) `(e - 1) / e` of the rows in each:
+    `4 x tokens x top_k x hidden x activation_bytes x (e - 1) / e` per layer. Dropped
+    tokens send less; an unbalanced router sends more from some ranks (at most all the
+    rows) and so does a rank whose experts are popular. The exchange of the counts before
+    dispatch (a few integers per expert) is left out. Time assumes no overlap with compute.
+
+    Args:
+        tokens: Tokens per rank entering the layer (sequence length x micro-batch).
+        hidden: Hidden size of the model (the width of a row).
+        top_k: Experts per token.
+        ep_degree: Expert-parallel ranks e, at least 2.
+        bandwidth_bytes_per_s: Bytes per second each rank sends (the all-to-all crosses nodes
+            once `ep_degree` exceeds a node).
+        activation_bytes: Bytes per activation element (2 for bf16).
+
+    Returns:
+        `buffer_bytes` (the rows one `all_to_all_single` takes in, the rank's own share
+        included), `all_to_alls_per_layer` (4), `bytes_per_all_to_all` (sent to other
+        ranks), `bytes_sent_per_layer`, `bytes_received_per_layer` and `time_s`.
+
+    Raises:
+        ValueError: A non-positive size or bandwidth, or an expert-parallel degree below 2.
+    """
+    rows = _count("tokens", tokens) * _count("top_k", top_k)
+    h, e = _count("hidden", hidden), _count("ep_degree", ep_degree, 2)
+    bandwidth = _positive("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+    buffer = rows * h * _positive("activation_bytes", activation_bytes)
+    per_call = buffer * (e - 1) / e
+    return {"buffer_bytes": buffer, "all_to_alls_per_layer": 4, "bytes_per_all_to_all": per_call,
+            "bytes_sent_per_layer": 4 * per_call, "bytes_received_per_layer": 4 * per_call,
+            "time_s": 4 * per_call / bandwidth}
+
 def pipeline_bubble(*, stages: int, microbatches: int, interleave: int = 1,
                     schedule: str = "1f1b") -> dict[str, float]:
     """Idle share of a pipeline-parallel step, for the schedules `torch.distributed.pipelining` ships.

@@ -289,6 +289,18 @@ def test_tp_all_reduces_match_the_playbook() -> None:
         size_bytes=got["allreduce_bytes"], world_size=8, bandwidth_bytes_per_s=1.0)["bytes_per_rank"]
 
 
+def test_moe_all_to_all_sends_four_times_the_off_rank_rows() -> None:
+    """8192 tokens per rank, h=4096, top-2, bf16, EP 8: one all-to-all takes in 128 MiB of
+    rows, 7/8 of them leave the rank; four per layer (dispatch and combine, forward and
+    backward) send 448 MiB per rank, as many received, 9.4 ms at 50 GB/s."""
+    got = calc.moe_all_to_all(tokens=8192, hidden=4096, top_k=2, ep_degree=8, bandwidth_bytes_per_s=50e9)
+    assert got["buffer_bytes"] == 128 * 2 ** 20
+    assert got["all_to_alls_per_layer"] == 4
+    assert got["bytes_per_all_to_all"] == 112 * 2 ** 20
+    assert got["bytes_sent_per_layer"] == got["bytes_received_per_layer"] == 448 * 2 ** 20
+    assert round(got["time_s"] * 1e3, 1) == 9.4
+
+
 def _simulated_gpipe_idle_fraction(stages: int, microbatches: int) -> float:
     """Idle share of a GPipe step, by scheduling unit-time tasks on stages one by one."""
     free = [0] * stages  # when each stage is next free
@@ -509,6 +521,10 @@ BAD_INPUTS = [
                  "bandwidth_bytes_per_s": 1e9}, "tp_degree must be a whole number >= 2"),
     ("pp_comm", {"seq_len": 4096, "micro_batch": 1, "hidden": 8192, "stages": 1, "bandwidth_bytes_per_s": 1e9},
      "stages must be a whole number >= 2"),
+    ("moe_all_to_all", {"tokens": 4096, "hidden": 4096, "top_k": 2, "ep_degree": 1, "bandwidth_bytes_per_s": 1e9},
+     "ep_degree must be a whole number >= 2"),
+    ("moe_all_to_all", {"tokens": 4096, "hidden": 4096, "top_k": 0, "ep_degree": 8, "bandwidth_bytes_per_s": 1e9},
+     "top_k must be a whole number >= 1"),
     ("pipeline_bubble", {"stages": 4, "microbatches": 6, "interleave": 2},
      "an interleaved schedule needs microbatches (6) to be a multiple of stages (4)"),
     ("pipeline_bubble", {"stages": 0, "microbatches": 6}, "stages must be a whole number >= 1"),

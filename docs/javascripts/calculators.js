@@ -305,6 +305,18 @@
       time_s: perRank / bandwidth};
   }
 
+  function moe_all_to_all(inputs) {
+    var x = bind("moe_all_to_all", inputs,
+      ["tokens", "hidden", "top_k", "ep_degree", "bandwidth_bytes_per_s"], {activation_bytes: 2});
+    var rows = count("tokens", x.tokens) * count("top_k", x.top_k);
+    var h = count("hidden", x.hidden), e = count("ep_degree", x.ep_degree, 2);
+    var bandwidth = positive("bandwidth_bytes_per_s", x.bandwidth_bytes_per_s);
+    var buffer = rows * h * positive("activation_bytes", x.activation_bytes);
+    var perCall = buffer * (e - 1) / e;
+    return {buffer_bytes: buffer, all_to_alls_per_layer: 4, bytes_per_all_to_all: perCall,
+      bytes_sent_per_layer: 4 * perCall, bytes_received_per_layer: 4 * perCall, time_s: 4 * perCall / bandwidth};
+  }
+
   function pipeline_bubble(inputs) {
     var x = bind("pipeline_bubble", inputs, ["stages", "microbatches"], {interleave: 1, schedule: "1f1b"});
     var p = count("stages", x.stages), m = count("microbatches", x.microbatches);
@@ -373,7 +385,7 @@
 
   window.handbookCalc = {
     memory: memory, ring_allreduce: ring_allreduce, fsdp_comm: fsdp_comm, tp_comm: tp_comm,
-    pp_comm: pp_comm, pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
+    pp_comm: pp_comm, moe_all_to_all: moe_all_to_all, pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
     step_time: step_time
   };
 
@@ -563,6 +575,25 @@
         ["boundary_bytes", "Across one boundary, one way", "bytes"],
         ["bytes_per_rank", "Sent by a middle stage", "bytes"],
         ["total_bytes", "Whole pipeline, both ways", "bytes"],
+        ["time_s", "Time (not overlapped)", "seconds"]
+      ]
+    },
+    moe_all_to_all: {
+      headline: "time_s",
+      fields: [
+        ["tokens", "Tokens per rank (sequence x micro-batch)", "number", 8192],
+        ["hidden", "Hidden size", "number", 4096],
+        ["top_k", "Experts per token k", "number", 2],
+        ["ep_degree", "EP degree e", "number", 8],
+        ["bandwidth_bytes_per_s", "Bandwidth per rank (GB/s)", "number", 50, 1e9],
+        ["activation_bytes", "Bytes per activation", "number", 2]
+      ],
+      outputs: [
+        ["buffer_bytes", "Rows one all-to-all takes in", "bytes"],
+        ["all_to_alls_per_layer", "All-to-alls per layer", "count"],
+        ["bytes_per_all_to_all", "Sent per rank per all-to-all", "bytes"],
+        ["bytes_sent_per_layer", "Sent per rank per layer", "bytes"],
+        ["bytes_received_per_layer", "Received per rank per layer", "bytes"],
         ["time_s", "Time (not overlapped)", "seconds"]
       ]
     },

@@ -89,6 +89,14 @@ def _pp_comm(rng: random.Random) -> dict:
                   activation_bytes=rng.choice([1, 2, 4]))
 
 
+def _moe_all_to_all(rng: random.Random) -> dict:
+    return _maybe(rng, {"tokens": rng.randint(1, 131_072), "hidden": rng.randint(1, 65_536),
+                        "top_k": rng.choice([1, 2, rng.randint(1, 8)]),
+                        "ep_degree": rng.choice([2, rng.randint(2, 256)]),
+                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                  activation_bytes=rng.choice([1, 2, 4]))
+
+
 def _pipeline_bubble(rng: random.Random) -> dict:
     stages, interleave = rng.randint(1, 64), rng.choice([1, 1, 2, 3, 4, 8])
     schedule = rng.choice(["1f1b", "1f1b", "zero_bubble", "zbv"])
@@ -126,7 +134,8 @@ def _step_time(rng: random.Random) -> dict:
 
 
 GENERATORS = {"memory": _memory, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
-              "tp_comm": _tp_comm, "pp_comm": _pp_comm, "pipeline_bubble": _pipeline_bubble,
+              "tp_comm": _tp_comm, "pp_comm": _pp_comm, "moe_all_to_all": _moe_all_to_all,
+              "pipeline_bubble": _pipeline_bubble,
               "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time}
 
 

@@ -1,0 +1,111 @@
+"""Expert parallel on 2 and 4 real gloo ranks against one process that holds every expert.
+
+Each rank routes its own 16 tokens and holds its slice of the experts; dispatch and combine
+are `all_to_all_single` calls with split sizes exchanged first. One process holding every
+expert runs the same block on each rank's tokens in turn (a rank's tokens are its own
+routing group: capacity is counted per rank, as each rank drops before it sends). Both
+must give the same outputs, auxiliary losses, dropped counts and gradients, in float64 to
+1e-12, and the bytes the ranks hand to `all_to_all_single` must be `calc.moe_all_to_all`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from experts_worker import CASES, HIDDEN, TOKENS, balance, ep_rank, full_block, inputs
+from launch import free_port, spawn
+
+from reference_impl import calc
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
+
+TOL = 1e-12
+
+
+def _ranks(world_size: int, root: Path) -> list[dict[str, Any]]:
+    spawn(ep_rank, (world_size, free_port(), str(root)), nprocs=world_size, timeout=120)
+    return [torch.load(root / f"rank{r}.pt") for r in range(world_size)]
+
+
+# Starting the ranks dominates: on two shared cores 4 ranks took 20-45 s, 2 ranks 10 s (up to 30 s under heavy load).
+@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)], ids=["ep2", "ep4"])
+def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> tuple[int, list[dict[str, Any]]]:
+    """What every rank of an expert-parallel run of every case saved (2 or 4 ranks)."""
+    world_size = request.param
+    return world_size, _ranks(world_size, tmp_path_factory.mktemp(f"ep{world_size}"))
+
+
+def _one_process(case: str, world_size: int) -> tuple[Any, list[tuple[torch.Tensor, ...]]]:
+    """The whole block in one process, run on each rank's tokens as its own group; the
+    gradients are those of the sum of the ranks' losses."""
+    full = full_block(case, world_size)
+    if CASES[case][3]:
+        balance(full)
+    per_rank = []
+    for rank in range(world_size):
+        x, target = inputs(case, world_size, rank)
+        out, aux_loss, dropped = full(x)
+        ((out * target).sum() + aux_loss).backward()
+        per_rank.append((out.detach(), aux_loss.detach(), dropped, x.grad))
+    return full, per_rank
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_expert_parallel_equals_one_process_holding_every_expert(
+        ranks: tuple[int, list[dict[str, Any]]], case: str) -> None:
+    world_size, saved = ranks
+    full, expected = _one_process(case, world_size)
+    local = full.w1.shape[0] // world_size
+    for rank, (out, aux_loss, dropped, x_grad) in enumerate(expected):
+        got = saved[rank][case]
+        torch.testing.assert_close(got["out"], out, rtol=0, atol=TOL)
+        torch.testing.assert_close(got["aux_loss"], aux_loss, rtol=0, atol=TOL)
+        assert got["dropped"] == dropped
+        torch.testing.assert_close(got["x"], x_grad, rtol=0, atol=TOL)
+        torch.testing.assert_close(got["router"], full.router.weight.grad, rtol=0, atol=TOL)
+        mine = slice(rank * local, (rank + 1) * local)
+        torch.testing.assert_close(got["w1"], full.w1.grad[mine], rtol=0, atol=TOL)
+        torch.testing.assert_close(got["w2"], full.w2.grad[mine], rtol=0, atol=TOL)
+    drops = sum(d for _, _, d, _ in expected)
+    assert (drops > 0) == case.endswith("_drops"), f"{case}: {drops} assignments dropped"
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c.endswith("_drops")))
+def test_dropped_tokens_never_travel(ranks: tuple[int, list[dict[str, Any]]], case: str) -> None:
+    """Capacity is applied before dispatch: the rows a rank hands to dispatch (and, in
+    backward, their gradients from combine) are exactly its kept assignments; the rows its
+    experts process and send back in combine (and their gradients in backward) are what the
+    others sent it, so over all ranks no more rows move than were kept."""
+    world_size, saved = ranks
+    row, kept_total, processed_total = HIDDEN * 8, 0, 0
+    for rank in range(world_size):
+        got = saved[rank][case]
+        dispatch, combine, combine_back, dispatch_back = (c["buffer"] for c in got["calls"][1:])
+        kept = TOKENS * CASES[case][1] - got["dropped"]
+        assert dispatch == combine_back == kept * row
+        assert combine == dispatch_back
+        kept_total, processed_total = kept_total + kept, processed_total + combine // row
+    assert processed_total == kept_total
+
+
+@pytest.mark.parametrize("case", sorted(c for c in CASES if c.endswith("_balanced")))
+def test_all_to_all_bytes_equal_the_calculator(ranks: tuple[int, list[dict[str, Any]]], case: str) -> None:
+    """With every expert equally loaded, each rank passes `all_to_all_single` exactly
+    `calc.moe_all_to_all`'s bytes: four row all-to-alls of `buffer_bytes`, of which it sends
+    and receives `bytes_sent_per_layer` in all; one all-to-all of counts comes before them."""
+    world_size, saved = ranks
+    expected = calc.moe_all_to_all(tokens=TOKENS, hidden=HIDDEN, top_k=CASES[case][1], ep_degree=world_size,
+                                   bandwidth_bytes_per_s=1.0, activation_bytes=8)
+    for rank in range(world_size):
+        calls = saved[rank][case]["calls"]
+        assert [c["dtype"] for c in calls] == ["torch.int64"] + ["torch.float64"] * 4  # counts, then rows
+        rows = calls[1:]
+        assert len(rows) == expected["all_to_alls_per_layer"]
+        assert all(c["buffer"] == expected["buffer_bytes"] for c in rows)
+        assert sum(c["sent"] for c in rows) == expected["bytes_sent_per_layer"]
+        assert sum(c["received"] for c in rows) == expected["bytes_received_per_layer"]
+        assert saved[rank][case]["dropped"] == 0
