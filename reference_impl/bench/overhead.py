@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import io
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import DataLoader
 
 from reference_impl.bench.common import Clock, benchmark, interleave, median, report
@@ -37,18 +39,26 @@ def bare_loop(cfg: TrainConfig) -> tuple[float, float]:
     Same model, data, batch size and optimizer as the trainer, nothing else: no timers,
     events, schedule, clipping or accumulation. Setup is not timed.
     """
-    dataset = build_dataset(cfg)
-    loader = DataLoader(dataset, batch_size=cfg.micro_batch_size, shuffle=True, drop_last=True,
-                        num_workers=cfg.num_workers, generator=torch.Generator().manual_seed(cfg.seed))
     model = build_model(cfg)
-    optimizer = build_optimizer(model, cfg)
+    return timed_loop(cfg, model, build_optimizer(model, cfg), shuffled_loader(cfg), torch.Tensor.backward)
+
+
+def shuffled_loader(cfg: TrainConfig) -> DataLoader:
+    """The run's dataset in shuffled micro-batches, seeded, the last partial batch dropped."""
+    return DataLoader(build_dataset(cfg), batch_size=cfg.micro_batch_size, shuffle=True, drop_last=True,
+                      num_workers=cfg.num_workers, generator=torch.Generator().manual_seed(cfg.seed))
+
+
+def timed_loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, loader: Iterable[Any],
+               backward: Callable[[torch.Tensor], object]) -> tuple[float, float]:
+    """`cfg.max_steps` steps of forward, `backward(loss)`, step and zero_grad over `loader`
+    (a framework passes its own backward); (wall, CPU) seconds per step."""
     model.train()
     steps = 0
     clock = Clock()
     while steps < cfg.max_steps:
         for x, y, _ in loader:
-            loss = loss_fn(model(x), y)
-            loss.backward()
+            backward(loss_fn(model(x), y))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             steps += 1

@@ -20,20 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader
 
-from reference_impl.bench.common import Clock, benchmark, interleave, median, report, timed, trained_state
-from reference_impl.bench.overhead import bare_loop, trainer_loop
+from reference_impl.bench.common import benchmark, interleave, median, report, timed, trained_state
+from reference_impl.bench.overhead import bare_loop, shuffled_loader, timed_loop, trainer_loop
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
-from reference_impl.model import build_model, loss_fn
+from reference_impl.model import build_model
 from reference_impl.parallel import unwrap
 from reference_impl.state import TrainState
 from reference_impl.step import build_optimizer
-from reference_impl.train import build_dataset
 
 PEERS = ("accelerate", "lightning")
 
@@ -46,27 +43,6 @@ def _add_peers_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the MLP's hidden size for the checkpoint cases (4096: 17 M parameters)")
 
 
-def _loader(cfg: TrainConfig) -> DataLoader:
-    return DataLoader(build_dataset(cfg), batch_size=cfg.micro_batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(cfg.seed))
-
-
-def _run_loop(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
-              backward: Callable[[torch.Tensor], None]) -> tuple[float, float]:
-    """The bare loop's body with a framework's `backward`; (wall, CPU) seconds per step."""
-    model.train()
-    steps, clock = 0, Clock()
-    while steps < cfg.max_steps:
-        for x, y, _ in loader:
-            backward(loss_fn(model(x), y))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            steps += 1
-            if steps == cfg.max_steps:
-                break
-    return clock.per_step(cfg.max_steps)
-
-
 # --8<-- [start:peer_loops]
 def accelerate_loop(cfg: TrainConfig) -> tuple[float, float]:
     """The bare loop as HF Accelerate's documentation writes it: `prepare`, then
@@ -75,8 +51,8 @@ def accelerate_loop(cfg: TrainConfig) -> tuple[float, float]:
 
     accelerator = Accelerator(cpu=True)
     model = build_model(cfg)
-    model, optimizer, loader = accelerator.prepare(model, build_optimizer(model, cfg), _loader(cfg))
-    return _run_loop(cfg, model, optimizer, loader, accelerator.backward)
+    model, optimizer, loader = accelerator.prepare(model, build_optimizer(model, cfg), shuffled_loader(cfg))
+    return timed_loop(cfg, model, optimizer, loader, accelerator.backward)
 
 
 def fabric_loop(cfg: TrainConfig) -> tuple[float, float]:
@@ -86,7 +62,7 @@ def fabric_loop(cfg: TrainConfig) -> tuple[float, float]:
     fabric = Fabric(accelerator="cpu", devices=1, precision="32-true")
     model = build_model(cfg)
     model, optimizer = fabric.setup(model, build_optimizer(model, cfg))
-    return _run_loop(cfg, model, optimizer, fabric.setup_dataloaders(_loader(cfg)), fabric.backward)
+    return timed_loop(cfg, model, optimizer, fabric.setup_dataloaders(shuffled_loader(cfg)), fabric.backward)
 # --8<-- [end:peer_loops]
 
 
