@@ -62,6 +62,21 @@ def test_overhead_bench_reports_trainer_over_bare_loop_for_the_requested_run() -
     assert result["fixed_us_min"] <= result["fixed_us_per_step"] <= result["fixed_us_max"]
 
 
+COMPILE_FLAGS = ["--max-steps", "3", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--hidden-dim", "64",
+                 "--seq-len", "16", "--vocab-size", "64", "--dataset-size", "64"]
+
+
+@pytest.mark.slow
+def test_compile_bench_reports_the_speed_up_and_one_graph_without_breaks() -> None:
+    run = launch.python_module(["compile", "--rounds", "1", *COMPILE_FLAGS], timeout=240,
+                               module="reference_impl.bench")
+    result = last_json(run, "compile")
+    assert result["config_digest"] == bench_config("compile", COMPILE_FLAGS).digest()
+    assert_ratio(result["speedup"], result["eager_ms_per_step"], result["compiled_ms_per_step"])
+    assert result["speedup_min"] <= result["speedup"] <= result["speedup_max"]
+    assert (result["graph_breaks"], result["unique_graphs"]) == (0, 1), "one graph serves both blocks"
+
+
 @pytest.mark.slow
 def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart() -> None:
     hidden_dims, rounds = [16, 32], 1
