@@ -6,10 +6,13 @@ parameter names (hence state dicts and checkpoints) are those of the eager model
 checkpoint written by a compiled run restores into an eager one and back.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+# --8<-- [end:imports]
 
 
 # --8<-- [start:compile_units]

@@ -61,6 +61,14 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, load_balanced: b
     """
     chunks = x.chunk(2 * world_size, dim=dim)
     return torch.cat([chunks[c] for c in chunk_ids(rank, world_size, load_balanced)], dim=dim)
+
+
+def _pairs(q_chunks: tuple[int, int], k_chunks: tuple[int, int]) -> list[tuple[int, int, bool]]:
+    """The (local query half, local key half, diagonal) blocks the causal mask leaves.
+
+    A key chunk after the query chunk is skipped whole: every score in it is masked.
+    """
+    return [(i, j, cq == ck) for i, cq in enumerate(q_chunks) for j, ck in enumerate(k_chunks) if ck <= cq]
 # --8<-- [end:layout]
 
 
@@ -76,6 +84,11 @@ class CommStats:
 
 
 # --8<-- [start:block_attention]
+def _future(t: int, device: torch.device) -> torch.Tensor:
+    """The causal mask of a diagonal block: True where the key comes after the query."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+
+
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     diagonal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention of a query chunk over one key/value chunk, and its log-sum-exp.
@@ -105,11 +118,6 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 # --8<-- [end:block_attention]
 
 
-def _future(t: int, device: torch.device) -> torch.Tensor:
-    """The causal mask of a diagonal block: True where the key comes after the query."""
-    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
-
-
 # --8<-- [start:lse_merge]
 def merge_partials(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
                    block_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,14 +134,6 @@ def merge_partials(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor
         + torch.exp(block_lse - new_lse).unsqueeze(-1) * block_out
     return out, new_lse
 # --8<-- [end:lse_merge]
-
-
-def _pairs(q_chunks: tuple[int, int], k_chunks: tuple[int, int]) -> list[tuple[int, int, bool]]:
-    """The (local query half, local key half, diagonal) blocks the causal mask leaves.
-
-    A key chunk after the query chunk is skipped whole: every score in it is masked.
-    """
-    return [(i, j, cq == ck) for i, cq in enumerate(q_chunks) for j, ck in enumerate(k_chunks) if ck <= cq]
 
 
 class _Ring:

@@ -147,7 +147,6 @@ def step_batches(state: TrainState, cfg: TrainConfig) -> Iterator[Iterator[Batch
             yield batches
 
 
-# --8<-- [start:train_loop]
 def use_deterministic_kernels() -> None:
     """Make every kernel deterministic, so that equal inputs give bit-equal results on a GPU.
 
@@ -160,6 +159,7 @@ def use_deterministic_kernels() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+# --8<-- [start:train_loop]
 def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState | None = None,
           on_step: Callable[[TrainState], None] | None = None) -> TrainState:
     """Resume if a checkpoint exists, train to `cfg.max_steps`, return the final state."""

@@ -2,6 +2,9 @@
 
 * The all-in-one page repeats the other pages' text; its front matter leaves it out
   (`search: exclude: true`), so each hit points at the page that owns the section.
+* Code listings and diagram sources (`<pre>` blocks, 45% of the text) are left out: the
+  names a listing uses are in the prose around it and in the API entries, and a hit inside
+  40 lines of code would not say where to read.
 * An API page's object (a `#reference_impl.` anchor) keeps its heading and the first
   paragraph of its docstring; signatures, parameter tables and the rest of the docstring
   are dropped. Every API entry is ranked below prose (`API_BOOST`), so a word that a page
@@ -26,13 +29,15 @@ API_OBJECT = "#reference_impl."
 API_BOOST = 0.5
 # The first paragraph of an object's text; the "Bases: ..." line of a class is not its summary.
 SUMMARY = re.compile(r"<p>(?!\s*Bases:)(.*?)</p>", re.S)
+LISTING = re.compile(r"<pre>.*?</pre>", re.S)
 
 
 def lighten(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The entries with API objects cut to their summary and every API entry down-weighted."""
+    """The entries without code listings, API objects cut to their summary and every API
+    entry down-weighted."""
     lighter = []
     for entry in entries:
-        entry = dict(entry)
+        entry = dict(entry, text=LISTING.sub("", entry["text"]))
         if entry["location"].startswith(API_PREFIX):
             if API_OBJECT in entry["location"]:
                 summary = SUMMARY.search(entry["text"])

@@ -20,18 +20,19 @@ pytestmark = pytest.mark.docs
 INDEX_BUDGET = 700_000  # bytes; 1.24 MB with the all-in-one page and whole API docstrings
 
 
-def test_api_objects_keep_their_heading_and_summary_only() -> None:
+def test_api_objects_keep_their_heading_and_summary_only_and_listings_are_dropped() -> None:
     entries = [
         {"location": "api/bench/#reference_impl.bench.BenchmarkError", "title": "BenchmarkError",
          "text": "<p>  Bases: <code>RuntimeError</code></p> <p>A benchmark ran but failed.</p> <p>More.</p>"},
         {"location": "api/bench/#reference_impl.bench.main", "title": "main",
          "text": "<pre><code>main(argv)</code></pre> <p>Run it.</p> <p>Parameters:</p> <code>argv</code>"},
         {"location": "api/", "title": "API reference", "text": "<p>One.</p> <p>Two.</p>"},
-        {"location": "foundations/parallelism/", "title": "Parallelism playbook", "text": "<p>A.</p> <p>B.</p>"},
+        {"location": "foundations/parallelism/", "title": "Parallelism playbook",
+         "text": "<p>A.</p> <pre><code>import torch\nx = 1</code></pre> <p>B.</p>"},
     ]
     lighter = search_index.lighten(entries)
     assert [e["text"] for e in lighter] == [
-        "<p>A benchmark ran but failed.</p>", "<p>Run it.</p>", "<p>One.</p> <p>Two.</p>", "<p>A.</p> <p>B.</p>"]
+        "<p>A benchmark ran but failed.</p>", "<p>Run it.</p>", "<p>One.</p> <p>Two.</p>", "<p>A.</p>  <p>B.</p>"]
     assert [e.get("boost") for e in lighter] == [search_index.API_BOOST] * 3 + [None]
     assert [e["title"] for e in lighter] == [e["title"] for e in entries]
 
