@@ -17,6 +17,7 @@ import http.server
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,17 @@ DIAGRAMS_PENDING = """
 () => document.querySelectorAll("pre.mermaid").length + Array.from(
   document.querySelectorAll("div.mermaid")).filter(
   (host) => !(host.shadowRoot && host.shadowRoot.querySelector("svg"))).length
+"""
+# Bring each diagram not yet drawn into view for a moment, then go back to the top.
+SHOW_PENDING = """
+async () => {
+  for (const block of document.querySelectorAll("pre.mermaid, div.mermaid")) {
+    if (block.shadowRoot && block.shadowRoot.querySelector("svg")) continue;
+    block.scrollIntoView();
+    await new Promise((done) => setTimeout(done, 50));
+  }
+  window.scrollTo(0, 0);
+}
 """
 # A page object of the PDF (not the `/Type /Pages` tree nodes above them).
 PAGE_OBJECT = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
@@ -86,11 +98,15 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
-def print_page(browser: Any, url: str, timeout_ms: int = 120_000) -> bytes:
+def print_page(browser: Any, url: str, timeout_ms: int = 300_000) -> bytes:
     """Print `url` to A4 PDF bytes once its diagrams are drawn.
 
-    The page is scrolled to the bottom step by step first, so diagrams that render only
-    when they come into view are drawn before printing.
+    A diagram renders only when it comes near the viewport, so each one still waiting is
+    scrolled into view in turn, and again until none waits: on a busy machine a diagram
+    passed too quickly (or queued behind the one before it) misses a single pass.
+
+    Raises:
+        TimeoutError: Diagrams are still waiting after `timeout_ms`.
     """
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.add_init_script(OPEN_SHADOW_ROOTS)
@@ -98,14 +114,12 @@ def print_page(browser: Any, url: str, timeout_ms: int = 120_000) -> bytes:
         page = context.new_page()
         page.set_default_timeout(timeout_ms)
         page.goto(url, wait_until="load")
-        page.evaluate("""async () => {
-          for (let y = 0; y < document.body.scrollHeight; y += window.innerHeight) {
-            window.scrollTo(0, y);
-            await new Promise((done) => setTimeout(done, 20));
-          }
-          window.scrollTo(0, 0);
-        }""")
-        page.wait_for_function(f"() => ({DIAGRAMS_PENDING})() === 0", timeout=timeout_ms)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while pending := page.evaluate(f"({DIAGRAMS_PENDING})()"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url}: {pending} diagram(s) still not drawn after {timeout_ms / 1000:.0f} s")
+            page.evaluate(SHOW_PENDING)
+            page.wait_for_timeout(250)
         # A browser's own print fires `beforeprint`, on which Material opens every collapsed
         # block (the answers to the hard questions); Chromium's PDF export does not fire it.
         page.evaluate("() => window.dispatchEvent(new Event('beforeprint'))")
