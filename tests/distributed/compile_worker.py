@@ -27,6 +27,7 @@ from torch.autograd.profiler_util import FunctionEvent
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.profiler import profile, record_function
 
+from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext, distributed
 from reference_impl.launch import parse_events
@@ -68,7 +69,7 @@ def timeline(prof: profile) -> list[dict[str, Any]]:
     def named(event: FunctionEvent) -> str | None:
         if event.name.startswith(COMPILED_FORWARD):
             return "compiled forward"
-        if event.name == f"autograd::engine::evaluate_function: {COMPILED_BACKWARD}":
+        if event.name == COMPILED_BACKWARD:  # the node's own work; its tensor hooks run just before
             return "compiled backward"
         if event.name.startswith(("FSDP::", BUCKET)):
             return event.name
@@ -77,7 +78,7 @@ def timeline(prof: profile) -> list[dict[str, Any]]:
     def inside_compiled(event: FunctionEvent) -> bool:
         parent = event.cpu_parent
         while parent is not None:
-            if parent.name.startswith(COMPILED_FORWARD) or COMPILED_BACKWARD in parent.name:
+            if parent.name.startswith(COMPILED_FORWARD) or parent.name == COMPILED_BACKWARD:
                 return True
             parent = parent.cpu_parent
         return False
@@ -120,7 +121,7 @@ def run(cfg: TrainConfig, ctx: DistContext, prepare: Callable[[TrainState], None
 def count_buckets(state: TrainState, calls: list[list[int]]) -> None:
     """Record [step, bucket index, parameters in the bucket] for every bucket DDP
     all-reduces, and wrap each all-reduce's launch in a profiler range."""
-    def hook(pg: dist.ProcessGroup, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def hook(pg, bucket):  # unannotated: DDP checks the annotations, which are strings here
         calls.append([state.step + 1, bucket.index(), len(bucket.parameters())])
         with record_function(f"{BUCKET}{bucket.index()}"):
             return default_hooks.allreduce_hook(pg, bucket)
@@ -134,7 +135,8 @@ def ddp(ctx: DistContext) -> tuple[dict[str, Any], list[TrainState]]:
     out, states = {}, []
     for mode in ("eager", "compiled"):
         calls: list[list[int]] = []
-        cfg = TrainConfig(**MODEL, strategy="ddp", max_steps=STEPS, compile=mode == "compiled")
+        cfg = TrainConfig(**MODEL, strategy="ddp", world_size=ctx.world_size, max_steps=STEPS,
+                          compile=mode == "compiled")
         result, state = run(cfg, ctx, prepare=lambda s, calls=calls: count_buckets(s, calls))
         out[mode], states = {**result, "buckets": calls}, [*states, state]
     return out, states
@@ -143,7 +145,7 @@ def ddp(ctx: DistContext) -> tuple[dict[str, Any], list[TrainState]]:
 def fsdp(ctx: DistContext, out_dir: Path) -> dict[str, Any]:
     """Eager and compiled FSDP2, then an eager run restored from the compiled run's checkpoint."""
     ckpt, copy = out_dir / "ckpt", out_dir / "copy"
-    base = TrainConfig(**MODEL, strategy="fsdp", max_steps=STEPS)
+    base = TrainConfig(**MODEL, strategy="fsdp", world_size=ctx.world_size, max_steps=STEPS)
     eager, _ = run(base, ctx)
     compiled, _ = run(dataclasses.replace(base, compile=True, checkpoint_dir=str(ckpt),
                                           checkpoint_every=CHECKPOINT_STEP), ctx)
@@ -151,11 +153,12 @@ def fsdp(ctx: DistContext, out_dir: Path) -> dict[str, Any]:
         name = f"step-{CHECKPOINT_STEP:08d}"
         shutil.copytree(ckpt / name, copy / name)
     dist.barrier()
-    stream = io.StringIO()
-    restored = train(dataclasses.replace(base, max_steps=CHECKPOINT_STEP, checkpoint_dir=str(copy),
-                                         allow_config_change=("max_steps",)), ctx, EventLog(ctx.rank, stream))
+    # The eager run restores the compiled checkpoint the way `train` does, then trains on.
+    stream, eager_cfg = io.StringIO(), dataclasses.replace(base, checkpoint_dir=str(copy))
+    restored = build_state(eager_cfg, ctx)
+    CheckpointManager(copy, EventLog(ctx.rank, stream)).restore(restored, eager_cfg, ctx)
     restored_step, restored_digest = restored.step, state_digest(restored.model, restored.optimizer)
-    train(base, ctx, EventLog(ctx.rank, stream), state=restored)  # on to STEPS, eager, no checkpoint
+    train(base, ctx, EventLog(ctx.rank, stream), state=restored)  # base: no checkpoint to restore again
     losses = [e["loss"] for e in parse_events(stream.getvalue()) if e["event"] == "step"]
     return {"eager": eager, "compiled": compiled,
             "restored": {"step": restored_step, "digest": restored_digest, "losses": losses}}
