@@ -36,10 +36,10 @@ from reference_impl.state import TrainState, state_digest
 from reference_impl.train import build_state, train
 
 STEPS, CHECKPOINT_STEP = 4, 2
-# Each block holds 0.79 MB of fp32 parameters, under the 1 MB of DDP's first gradient
-# bucket; the head (0.5 MB) and one block together exceed it. So DDP fills a first bucket
-# with the head and the last block, and dynamo's DDPOptimizer has no reason to split a
-# block's graph; compiling the whole 2.3 MB model instead would be split in two.
+# Each block holds 0.76 MiB of fp32 parameters, under the 1 MiB of DDP's first gradient
+# bucket; the head (0.5 MiB) and one block together exceed it. So DDP fills a first bucket
+# with the head's and the last block's gradients, and dynamo's DDPOptimizer has no reason
+# to split a block's graph (the whole 2.5 MiB model compiled as one graph is split in two).
 MODEL = dict(model="transformer", d_model=128, n_layers=2, n_heads=2, hidden_dim=512, seq_len=16,
              vocab_size=1024, dataset_size=256, micro_batch_size=8, warmup_steps=1, log_every=1,
              pg_timeout_s=60)
