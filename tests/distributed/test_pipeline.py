@@ -106,7 +106,8 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @pytest.mark.distributed
 def test_two_stages_under_1f1b_match_one_process(reference: tuple[Run, Path, Path], single: Run) -> None:
-    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "ep": 1}
+    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1,
+                                                       "ep": 1}
     assert len(losses(reference[0])) == 12
     assert losses(reference[0]) == pytest.approx(losses(single), abs=TOL)
     assert losses(single)[-1] < losses(single)[0], "and it learns"
