@@ -1,5 +1,5 @@
-"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x context x tensor
-x expert.
+"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x context x expert
+x tensor.
 
 One `ParallelDims` is built from the config and the world size and then read by
 everything that must agree on who holds what: the sampler (which data-parallel shard a
@@ -20,9 +20,10 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from reference_impl.config import TrainConfig
 
 # --8<-- [start:axes]
-# Outermost first: ranks that differ only in the last axes (tp, ep) are neighbours, so a
-# tensor- or expert-parallel group sits on one node, where the links are fastest.
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")
+# Outermost first: ranks that differ only in the last axis (tp) are neighbours, so a
+# tensor-parallel group sits on one node, where the links are fastest; an expert-parallel
+# group (two all-to-alls per layer) comes next.
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp")
 # --8<-- [end:axes]
 
 
