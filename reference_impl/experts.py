@@ -37,11 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-
-# --8<-- [end:imports]
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 
 TOP_K = 2  # the trainer's routing: each token to its two likeliest experts (GShard, Mixtral)
@@ -252,30 +251,35 @@ def take_stats(model: nn.Module) -> dict[str, float | int]:
     return {"aux_loss": float(aux_loss(model).detach()), "dropped_tokens": dropped}
 
 
-# --8<-- [start:wrap]
 def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     """The trainer's expert parallel (`--ep-degree`): every MoE block keeps its slice of the
     experts, as DTensors sharded on dim 0 over `mesh` (so a checkpoint saves each rank's
-    experts under the whole tensor's name).
-
-    The ep ranks read the same samples, so each expert receives every token once from each
-    of the ep ranks: its weight gradient is the sum of ep equal copies and is divided by ep,
-    the gradient of one process holding every expert. The rest of the model is replicated;
-    its gradients are averaged over the ep ranks, which keeps the copies equal bit for bit.
-    """
-    group, ep = mesh.get_group(), mesh.size()
+    experts under the whole tensor's name), and `sync_gradients` fixes the gradients."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, MoE):
                 setattr(parent, name, _sharded_block(child, mesh))
+    sync_gradients(model, mesh.get_group())
+    return model
+
+
+# --8<-- [start:sync_gradients]
+def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """Make the ep ranks' gradients those of one process holding every expert.
+
+    The ep ranks read the same samples, so each expert receives every token once from each
+    of the ep ranks: its weight gradient is the sum of ep equal copies, and is divided by ep.
+    The rest of the model is replicated; its gradients are averaged over the ep ranks,
+    which keeps the copies equal bit for bit.
+    """
+    ep = dist.get_world_size(group)
     for param in model.parameters():
-        if isinstance(param, DTensor):
+        if isinstance(param, DTensor):  # this rank's experts
             param.register_hook(lambda grad: grad / ep)
         else:
             param.register_post_accumulate_grad_hook(
                 lambda p: dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=group))
-    return model
-# --8<-- [end:wrap]
+# --8<-- [end:sync_gradients]
 
 
 def _sharded_block(full: MoE, mesh: DeviceMesh) -> MoE:

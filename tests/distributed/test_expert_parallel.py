@@ -127,7 +127,7 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
     return train_ok(EP, root / "ckpt", "--sample-log", str(root / "samples")), root / "samples"
 
 
-@pytest.mark.slow  # two trainer runs: 25-40 s on the loaded 2-core machine
+@pytest.mark.slow  # two trainer runs (the fixture's and one process): 22-48 s on the loaded 2-core machine
 @pytest.mark.timeout(400)
 def test_the_trainer_with_ep_degree_2_matches_one_process(ep_run: tuple[Run, Path], tmp_path: Path) -> None:
     """`--n-experts 4 --ep-degree 2` (two experts per rank, all-to-all between them): the
@@ -146,7 +146,7 @@ def test_the_trainer_with_ep_degree_2_matches_one_process(ep_run: tuple[Run, Pat
     assert [e["aux_loss"] for e in steps] == pytest.approx([e["aux_loss"] for e in single.of("step")], abs=1e-5)
 
 
-@pytest.mark.slow  # a trainer run killed and restarted: 25-40 s
+@pytest.mark.slow  # a trainer run killed and restarted: 22-63 s
 @pytest.mark.timeout(400)
 def test_sigkill_under_expert_parallel_resumes_bit_exactly(ep_run: tuple[Run, Path], tmp_path: Path) -> None:
     """Rank 1 is killed before step 7; torchrun restarts both ranks, each restores its own
