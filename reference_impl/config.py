@@ -46,7 +46,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
 # --8<-- [end:operational_fields]
 # Fields that decide tensor shapes or the data order: no flag can allow changing them.
 STRUCTURAL_FIELDS = ("model", "strategy", "optimizer", "input_dim", "hidden_dim", "num_classes",
-                     "vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "dataset_size", "seed")
+                     "vocab_size", "seq_len", "d_model", "n_layers", "n_heads", "n_experts", "dataset_size", "seed")
 # torch accepts seeds up to 2**64 - 1, and the sampler seeds each epoch with
 # seed * SEED_STRIDE + epoch: the largest valid seed depends on how many epochs can run.
 TORCH_SEED_MAX = 2**64 - 1
@@ -76,6 +76,16 @@ class TrainConfig:
     """Context-parallel ranks per model replica (transformer, dropout 0): each holds 2 of
     2 x cp_degree chunks of every sequence, ring attention passes keys and values between
     them, and they read the same samples; the world size must be a multiple of it."""
+    n_experts: int = 0
+    """Transformer: with E > 0 every block's MLP is a mixture of E experts (top-2 routing, top-1
+    with one expert; capacity factor 1.25: a token over an expert's capacity skips it)."""
+    ep_degree: int = 1
+    """Expert-parallel ranks (needs n_experts, a multiple of it, and the world size equal to it):
+    each holds n_experts / ep_degree experts, all-to-all sends it their tokens, and the ranks
+    read the same samples."""
+    moe_aux_loss_coef: float = 0.01
+    """Weight of the load-balancing loss (n_experts x sum_i f_i x P_i per block) added to the
+    training loss when n_experts > 0."""
     pp_degree: int = 1
     """Pipeline stages per model replica (transformer only): the blocks are cut into this many
     consecutive stages, one per rank, and the ranks of one pipeline read the same samples."""
@@ -192,7 +202,7 @@ class TrainConfig:
     @property
     def data_parallel_size(self) -> int:
         """Ranks that read different samples: the world size over the tensor and pipeline degrees."""
-        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree)
+        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree * self.ep_degree)
 
     @property
     def pipeline_microbatches(self) -> int:
@@ -224,17 +234,18 @@ class TrainConfig:
         for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size",
                      "input_dim", "hidden_dim", "num_classes", "vocab_size", "seq_len",
                      "d_model", "n_layers", "n_heads", "log_every", "keep_last", "world_size", "tp_degree",
-                     "pp_degree", "dp_replicate", "cp_degree"):
+                     "pp_degree", "dp_replicate", "cp_degree", "ep_degree"):
             if getattr(self, name) < 1:
                 _fail(f"{name} must be >= 1 (got {getattr(self, name)})")
-        for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank", "pp_microbatches"):
+        for name in ("warmup_steps", "num_workers", "checkpoint_every", "seed", "fail_rank", "pp_microbatches",
+                     "n_experts"):
             if getattr(self, name) < 0:
                 _fail(f"{name} must be >= 0 (got {getattr(self, name)})")
         for name in ("lr", "pg_timeout_s", "fp16_init_scale", "preempt_grace_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 _fail(f"{name} must be a positive finite number (got {value})")
-        for name in ("weight_decay", "grad_clip"):
+        for name in ("weight_decay", "grad_clip", "moe_aux_loss_coef"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 _fail(f"{name} must be a finite number >= 0 (got {value})")
@@ -260,6 +271,7 @@ class TrainConfig:
         self._check_pipeline()
         self._check_replicas()
         self._check_context_parallel()
+        self._check_experts()
         if self.dataset_size < self.global_batch_size:
             _fail(f"dataset_size ({self.dataset_size}) is smaller than one global batch "
                   f"({self.global_batch_size} = micro_batch_size x grad_accum_steps x data-parallel size)")
@@ -328,6 +340,29 @@ class TrainConfig:
                   "(only data parallel is combined with it here)")
         if self.compile:
             _fail("cp_degree above 1 runs without --compile (ring attention is not tested compiled)")
+
+    def _check_experts(self) -> None:
+        """Mixture-of-experts blocks in the transformer; expert parallel as the whole mesh."""
+        if self.ep_degree > 1 and not self.n_experts:
+            _fail("ep_degree above 1 needs --n-experts (the experts it splits)")
+        if not self.n_experts:
+            return
+        if self.model != "transformer":
+            _fail("n_experts needs --model transformer (the model whose MLPs become experts)")
+        if self.n_experts % self.ep_degree:
+            _fail(f"ep_degree ({self.ep_degree}) must divide n_experts ({self.n_experts})")
+        if self.world_size % self.ep_degree:
+            _fail(f"ep_degree ({self.ep_degree}) must divide the world size ({self.world_size})")
+        if self.tp_degree > 1 or self.pp_degree > 1 or self.cp_degree > 1 or self.dp_replicate > 1:
+            _fail("n_experts runs with tp_degree, pp_degree, cp_degree and dp_replicate 1 "
+                  "(only data parallel or expert parallel is combined with it here)")
+        if self.ep_degree > 1 and self.world_size != self.ep_degree:
+            _fail(f"ep_degree ({self.ep_degree}) must equal the world size ({self.world_size}): "
+                  "expert parallel is not combined with data parallel here")
+        if self.ep_degree > 1 and self.dropout:
+            _fail("ep_degree above 1 needs dropout 0 (the expert-parallel ranks must compute alike)")
+        if self.compile or self.fp8 or self.activation_checkpointing:
+            _fail("n_experts runs without --compile, --fp8 and --activation-checkpointing (not tested with them)")
 
     def _check_replicas(self) -> None:
         """HSDP: whole replica groups of at least two FSDP2 shards each, and nothing else on the mesh."""

@@ -20,6 +20,10 @@ Proven on gloo: tests/distributed/test_expert_parallel.py checks that 2 and 4 ra
 what one process holding every expert computes (outputs, auxiliary loss, dropped tokens and the
 gradients), and that the bytes they pass to `all_to_all_single` are
 `reference_impl.calc.moe_all_to_all`'s.
+
+In the trainer (`--n-experts E`, `--ep-degree N`) every transformer block's MLP is a `MoE`
+block and `wrap` shards the experts over the `ep` mesh axis; tests/distributed/test_expert_parallel.py
+checks that its losses are one process's and that a killed run resumes bit for bit.
 """
 
 from __future__ import annotations
@@ -33,8 +37,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 # --8<-- [end:imports]
+from reference_impl.config import TrainConfig
+
+TOP_K = 2  # the trainer's routing: each token to its two likeliest experts (GShard, Mixtral)
+CAPACITY_FACTOR = 1.25  # the trainer's token slots per expert, over an even share
 
 
 # --8<-- [start:route]
@@ -174,15 +184,23 @@ class MoE(nn.Module):
         self.router = nn.Linear(hidden, n_experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(n_experts // ep, hidden, ffn_hidden) / math.sqrt(hidden))
         self.w2 = nn.Parameter(torch.randn(n_experts // ep, ffn_hidden, hidden) / math.sqrt(ffn_hidden))
+        self.last_aux_loss: torch.Tensor | None = None  # the last forward's, read by the trainer
+        self.dropped = 0  # assignments over capacity since the trainer last read it
 
-    def forward(self, x: torch.Tensor) -> MoEOutput:
+    def forward(self, x: torch.Tensor, residual: bool = True) -> MoEOutput:
+        """The block on tokens `x` (tokens x hidden); without `residual`, the experts' gated sum alone."""
         routing = route(x, self.router, self.top_k, self.capacity_factor)
         rows, expert, in_splits, out_splits = dispatch(x, routing, self.group)
+        # In the trainer the expert weights are DTensors sharded over the ep ranks; the math
+        # uses this rank's slice.
+        w1, w2 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2))
         expert_out = torch.zeros_like(rows)
-        for e in range(self.w1.shape[0]):
+        for e in range(w1.shape[0]):
             index = (expert == e).nonzero().squeeze(1)
-            expert_out = expert_out.index_copy(0, index, F.gelu(rows[index] @ self.w1[e]) @ self.w2[e])
-        out = combine(x, expert_out, routing, (in_splits, out_splits), self.group)
+            expert_out = expert_out.index_copy(0, index, F.gelu(rows[index] @ w1[e]) @ w2[e])
+        base = x if residual else torch.zeros_like(x)
+        out = combine(base, expert_out, routing, (in_splits, out_splits), self.group)
+        self.last_aux_loss, self.dropped = routing.aux_loss, self.dropped + routing.dropped
         return MoEOutput(out, routing.aux_loss, routing.dropped)
 # --8<-- [end:moe]
 
@@ -202,3 +220,72 @@ def shard_experts(full: MoE, group: dist.ProcessGroup) -> MoE:
         shard.w1.copy_(full.w1[rank * local:(rank + 1) * local])
         shard.w2.copy_(full.w2[rank * local:(rank + 1) * local])
     return shard
+
+
+class ExpertsMLP(nn.Module):
+    """A transformer block's MLP as a mixture of experts (the trainer's `--n-experts`): tokens
+    (batch x seq x hidden) in, their experts' gated sum out, routed as one group per batch
+    with `TOP_K` (at most `n_experts`) and `CAPACITY_FACTOR`."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, n_experts: int) -> None:
+        super().__init__()
+        self.moe = MoE(hidden, ffn_hidden, n_experts, min(TOP_K, n_experts), CAPACITY_FACTOR)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.moe(x.reshape(-1, x.shape[-1]), residual=False).out.view_as(x)
+
+
+def aux_loss(model: nn.Module) -> torch.Tensor:
+    """The sum of the load-balancing losses of the model's MoE blocks in their last forward."""
+    losses = [m.last_aux_loss for m in model.modules() if isinstance(m, MoE) and m.last_aux_loss is not None]
+    return torch.stack(losses).sum()
+
+
+def take_stats(model: nn.Module) -> dict[str, float | int]:
+    """For the step log: the last forward's load-balancing loss and the (token, expert)
+    assignments dropped on this rank since the last call, which resets the count."""
+    blocks = [m for m in model.modules() if isinstance(m, MoE)]
+    dropped = sum(m.dropped for m in blocks)
+    for m in blocks:
+        m.dropped = 0
+    return {"aux_loss": float(aux_loss(model).detach()), "dropped_tokens": dropped}
+
+
+def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
+    """The trainer's expert parallel (`--ep-degree`): every MoE block keeps its slice of the
+    experts, as DTensors sharded on dim 0 over `mesh` (so a checkpoint saves each rank's
+    experts under the whole tensor's name), and `sync_gradients` fixes the gradients."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, MoE):
+                setattr(parent, name, _sharded_block(child, mesh))
+    sync_gradients(model, mesh.get_group())
+    return model
+
+
+# --8<-- [start:sync_gradients]
+def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
+    """Make the ep ranks' gradients those of one process holding every expert.
+
+    The ep ranks read the same samples, so each expert receives every token once from each
+    of the ep ranks: its weight gradient is the sum of ep equal copies, and is divided by ep.
+    The rest of the model is replicated; its gradients are averaged over the ep ranks,
+    which keeps the copies equal bit for bit.
+    """
+    ep = dist.get_world_size(group)
+    for param in model.parameters():
+        if isinstance(param, DTensor):  # this rank's experts
+            param.register_hook(lambda grad: grad / ep)
+        else:
+            param.register_post_accumulate_grad_hook(
+                lambda p: dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=group))
+# --8<-- [end:sync_gradients]
+
+
+def _sharded_block(full: MoE, mesh: DeviceMesh) -> MoE:
+    """`shard_experts` of `full`, its expert weights as DTensors: Shard(0) of the stacked experts."""
+    block = shard_experts(full, mesh.get_group())
+    for name in ("w1", "w2"):
+        local = getattr(block, name).detach()
+        setattr(block, name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False)))
+    return block

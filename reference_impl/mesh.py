@@ -1,4 +1,5 @@
-"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x context x tensor.
+"""The job's ranks as a grid with named axes: pipeline x data (replicate, shard) x context x expert
+x tensor.
 
 One `ParallelDims` is built from the config and the world size and then read by
 everything that must agree on who holds what: the sampler (which data-parallel shard a
@@ -20,8 +21,9 @@ from reference_impl.config import TrainConfig
 
 # --8<-- [start:axes]
 # Outermost first: ranks that differ only in the last axis (tp) are neighbours, so a
-# tensor-parallel group sits on one node, where the links are fastest.
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+# tensor-parallel group sits on one node, where the links are fastest; an expert-parallel
+# group (two all-to-alls per layer) comes next.
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "ep", "tp")
 # --8<-- [end:axes]
 
 
@@ -36,6 +38,7 @@ class ParallelDims:
         dp_shard: Data-parallel ranks that shard parameters between them (FSDP2).
         cp: Context-parallel ranks that split every sequence and read the same samples.
         tp: Tensor-parallel ranks that split every matmul and read the same samples.
+        ep: Expert-parallel ranks that each hold some of the experts and read the same samples.
         data_axis: The axis the data-parallel strategy occupies (dp_replicate or dp_shard).
         device_type: "cpu" or "cuda": the device the mesh's communicators serve.
     """
@@ -45,13 +48,14 @@ class ParallelDims:
     dp_shard: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1
     data_axis: str = "dp_replicate"
     device_type: str = field(default="cpu", compare=False)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, data_axis: str, device_type: str = "cpu") -> ParallelDims:
-        """The mesh of `cfg`: `pp_degree` stages, `cp_degree` context-parallel and `tp_degree`
-        tensor-parallel ranks, and the rest of the world on `data_axis` (split into
+        """The mesh of `cfg`: `pp_degree` stages, `cp_degree` context-parallel, `tp_degree`
+        tensor-parallel and `ep_degree` expert-parallel ranks, and the rest of the world on `data_axis` (split into
         `dp_replicate` x dp_shard under HSDP).
 
         `TrainConfig` has already refused degrees that do not divide the world size, before
@@ -60,7 +64,7 @@ class ParallelDims:
         data = {data_axis: cfg.data_parallel_size // cfg.dp_replicate}
         if cfg.dp_replicate > 1:  # HSDP: the data axis is dp_shard, replicated dp_replicate times
             data["dp_replicate"] = cfg.dp_replicate
-        return cls(pp=cfg.pp_degree, cp=cfg.cp_degree, tp=cfg.tp_degree, data_axis=data_axis,
+        return cls(pp=cfg.pp_degree, cp=cfg.cp_degree, tp=cfg.tp_degree, ep=cfg.ep_degree, data_axis=data_axis,
                    device_type=device_type, **data)
 
     def degree(self, axis: str) -> int:
@@ -88,8 +92,8 @@ class ParallelDims:
         return {axis: coords[axis] for axis in AXES}
 
     def dp_rank(self, rank: int) -> int:
-        """The data-parallel shard global `rank` reads: equal across its context- and
-        tensor-parallel groups."""
+        """The data-parallel shard global `rank` reads: equal across its context-, tensor-
+        and expert-parallel groups."""
         coords = self.coordinates(rank)
         return coords["dp_replicate"] * self.dp_shard + coords["dp_shard"]
 

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
+from reference_impl.experts import ExpertsMLP
 from reference_impl.fp8 import swap_linears
 
 
@@ -146,6 +147,8 @@ def build_model(cfg: TrainConfig) -> nn.Module:
             return MLP(cfg.input_dim, cfg.hidden_dim, cfg.num_classes)
         model = TinyTransformer(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
                                 cfg.n_heads, cfg.hidden_dim, cfg.dropout)
+        for block in model.blocks if cfg.n_experts else ():  # --n-experts: every MLP a mixture of experts
+            block.mlp = ExpertsMLP(cfg.d_model, cfg.hidden_dim, cfg.n_experts)
     if cfg.fp8:
         swap_linears(model)  # after the seeded init: the same weights as without fp8
     return model

@@ -2,7 +2,8 @@
 
 Each parallelism is a function that takes the model and the mesh of its axis and returns
 the wrapped model. `PARALLELISMS` names them in the order they apply: pipeline parallel
-keeps this rank's stage of the model, tensor parallel splits its matmuls, then a
+keeps this rank's stage of the model, tensor parallel splits its matmuls, context parallel
+its sequences, expert parallel its experts, then a
 data-parallel wrapper (DDP or FSDP2) spans the replicas. Adding a parallelism is a module
 with its wrap function and one entry here.
 """
@@ -21,7 +22,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # --8<-- [end:imports]
-from reference_impl import context_parallel, pipeline, tensor_parallel
+from reference_impl import context_parallel, experts, pipeline, tensor_parallel
 from reference_impl.compiled import compile_units
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -72,6 +73,7 @@ PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
     "pp": Parallelism("pp", pipeline.split, sharded=True),
     "tp": Parallelism("tp", tensor_parallel.parallelize, sharded=True),
     "cp": Parallelism("cp", context_parallel.wrap, sharded=False),
+    "ep": Parallelism("ep", experts.wrap, sharded=True),
     "ddp": Parallelism("dp_replicate", ddp, sharded=False),
     "fsdp": Parallelism("dp_shard", fsdp, sharded=True),
 }
@@ -80,8 +82,8 @@ DATA_PARALLEL_AXES = ("dp_replicate", "dp_shard")  # their wrappers come last, a
 
 
 def dims_of(cfg: TrainConfig, device_type: str = "cpu") -> ParallelDims:
-    """The mesh of `cfg`: `--pp-degree` and `--tp-degree` on their axes, the rest on the
-    strategy's axis."""
+    """The mesh of `cfg`: `--pp-degree`, `--tp-degree`, `--cp-degree` and `--ep-degree` on
+    their axes, the rest on the strategy's axis."""
     return ParallelDims.from_config(cfg, PARALLELISMS[cfg.strategy].axis, device_type)
 
 

@@ -18,6 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 from reference_impl.data import Batch
+from reference_impl.experts import aux_loss
 from reference_impl.metrics import PhaseTimer
 from reference_impl.model import loss_fn
 from reference_impl.parallel import gradient_sync
@@ -81,6 +82,8 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
         with gradient_sync(model, enabled=micro == accum - 1 or cfg.fsdp_grad_sync == "every"):
             with timer.phase("forward"), autocast(device, cfg):
                 loss = loss_fn(model(x), y)
+                if cfg.n_experts:  # the routers' load-balancing loss trains with the task's
+                    loss = loss + cfg.moe_aux_loss_coef * aux_loss(model)
                 if accum > 1:  # makes the summed gradients the mean over the global batch
                     loss = loss / accum
             with timer.phase("backward"):  # includes the gradient all-reduce on the last micro-batch
@@ -130,17 +133,25 @@ def clip_gradients(parameters: list[nn.Parameter], max_norm: float,
 
     Each pipeline stage holds only its own parameters' gradients, so the stages add their
     squared norms over `pp_group` first: every stage then scales by the same factor, the
-    one a single process holding the whole model would use.
+    one a single process holding the whole model would use. Under expert parallel the
+    experts are DTensors and the rest plain tensors, which torch's clipping does not mix:
+    the two norms are taken apart (the DTensors' over every rank's shard) and added in squares.
     """
-    if pp_group is None:
+    kinds = [[p for p in parameters if isinstance(p, DTensor) == sharded] for sharded in (True, False)]
+    if pp_group is None and not all(kinds):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
-    if isinstance(norm, DTensor):  # FSDP2 shards within a stage: the stage's whole norm
-        norm = norm.full_tensor()
-    squared = norm.pow(2)
-    dist.all_reduce(squared, group=pp_group)
+    squares = []
+    for kind in kinds:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in kind if p.grad is not None])
+        if isinstance(norm, DTensor):  # FSDP2 or expert shards: the whole tensors' norm
+            norm = norm.full_tensor()
+        squares.append(norm.pow(2))
+    squared = functools.reduce(torch.add, squares)
+    if pp_group is not None:
+        dist.all_reduce(squared, group=pp_group)
     norm = squared.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    for kind in kinds:
+        torch.nn.utils.clip_grads_with_norm_(kind, max_norm, norm)
     return norm
 # --8<-- [end:clip_gradients]
 

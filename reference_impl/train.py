@@ -28,6 +28,7 @@ from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
+from reference_impl.experts import take_stats
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
@@ -229,7 +230,10 @@ def log_step(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLo
     value = loss.item()
     if not math.isfinite(value) and cfg.precision != "fp16":
         raise NonFiniteLoss(f"loss is {value} at step {state.step}; halting before it is checkpointed")
-    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=value,
+    # Mixture of experts: the last micro-batch's load-balancing loss (part of `loss`) and the
+    # (token, expert) assignments this rank dropped over capacity since the last log.
+    moe = take_stats(state.model) if cfg.n_experts else {}
+    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=value, **moe,
                  lr=state.scheduler.get_last_lr()[0], samples_per_s=round(meter.rate(), 1),
                  phase_s={k: round(v, 6) for k, v in timer.flush().items()})
 

@@ -36,6 +36,14 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
 # allowed), a checkpoint directory (so checkpoint_every is) and four ranks (so fail_rank 1 and
 # dp_replicate 2, two replica groups of two shards, are).
 DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=4)
+# A field valid away from its default only together with others (expert parallel needs the
+# experts it splits and, here, a world of its size) changes alone from a base that has them.
+COMPANIONS: dict[str, dict[str, Any]] = {"ep_degree": {"n_experts": 4, "world_size": 2}}
+
+
+def _base(name: str) -> TrainConfig:
+    """The config that field `name` changes from: `DIGEST_BASE` with its companions set."""
+    return dataclasses.replace(DIGEST_BASE, **COMPANIONS.get(name, {}))
 
 
 def _alternatives(name: str, value: Any) -> list[Any]:
@@ -55,12 +63,12 @@ def _alternatives(name: str, value: Any) -> list[Any]:
 
 
 def digest_variants() -> dict[str, TrainConfig]:
-    """For each field of TrainConfig, `DIGEST_BASE` with only that field changed (validly)."""
+    """For each field of TrainConfig, its `_base` with only that field changed (validly)."""
     variants = {}
     for f in dataclasses.fields(TrainConfig):
-        for candidate in _alternatives(f.name, getattr(DIGEST_BASE, f.name)):
+        for candidate in _alternatives(f.name, getattr(_base(f.name), f.name)):
             try:
-                variants[f.name] = dataclasses.replace(DIGEST_BASE, **{f.name: candidate})
+                variants[f.name] = dataclasses.replace(_base(f.name), **{f.name: candidate})
                 break
             except ConfigError:
                 continue
@@ -76,7 +84,7 @@ def test_digest_changes_with_any_field_and_ignores_nothing() -> None:
     assert sorted(variants) == sorted(names), f"no valid alternative for {set(names) - set(variants)}"
     assert DIGEST_BASE.digest() == TrainConfig(**dataclasses.asdict(DIGEST_BASE)).digest()
     digests = {name: cfg.digest() for name, cfg in variants.items()}
-    unchanged = [name for name, d in digests.items() if d == DIGEST_BASE.digest()]
+    unchanged = [name for name, d in digests.items() if d == _base(name).digest()]
     assert not unchanged, f"the digest ignores {unchanged}"
     assert len(set(digests.values())) == len(digests), "two different configs share a digest"
 
@@ -192,9 +200,28 @@ CP_ERRORS = [
     ([*CP, "--compile"], "2", "cp_degree above 1 runs without --compile"),
     (["--cp-degree", "0"], "1", "cp_degree must be >= 1"),
 ]
+MOE = ["--model", "transformer", "--n-experts", "4"]
+EP_ERRORS = [
+    (["--n-experts", "4"], "1", "n_experts needs --model transformer"),
+    (["--n-experts", "-1"], "1", "n_experts must be >= 0"),
+    (["--ep-degree", "2", "--model", "transformer"], "2", "ep_degree above 1 needs --n-experts"),
+    ([*MOE, "--ep-degree", "0"], "1", "ep_degree must be >= 1"),
+    ([*MOE, "--ep-degree", "3"], "3", "ep_degree (3) must divide n_experts (4)"),
+    ([*MOE, "--ep-degree", "2"], "3", "ep_degree (2) must divide the world size (3)"),
+    ([*MOE, "--ep-degree", "2"], "4", "ep_degree (2) must equal the world size (4)"),
+    ([*MOE, "--ep-degree", "2", "--dropout", "0.1"], "2", "ep_degree above 1 needs dropout 0"),
+    ([*MOE, "--tp-degree", "2", "--strategy", "fsdp"], "2", "n_experts runs with tp_degree, pp_degree, cp_degree"),
+    ([*MOE, "--cp-degree", "2"], "2", "n_experts runs with tp_degree, pp_degree, cp_degree"),
+    ([*MOE, "--pp-degree", "2"], "2", "n_experts runs with tp_degree, pp_degree, cp_degree"),
+    ([*MOE, "--strategy", "fsdp", "--dp-replicate", "2"], "4", "n_experts runs with tp_degree, pp_degree"),
+    ([*MOE, "--compile"], "1", "n_experts runs without --compile, --fp8 and --activation-checkpointing"),
+    ([*MOE, "--fp8"], "1", "n_experts runs without --compile, --fp8 and --activation-checkpointing"),
+    ([*MOE, "--activation-checkpointing"], "1", "n_experts runs without --compile"),
+    ([*MOE, "--moe-aux-loss-coef", "-0.1"], "1", "moe_aux_loss_coef must be a finite number >= 0"),
+]
 
 
-@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS + HSDP_ERRORS + CP_ERRORS)
+@pytest.mark.parametrize("flags,world,message", TP_ERRORS + PP_ERRORS + HSDP_ERRORS + CP_ERRORS + EP_ERRORS)
 def test_a_mesh_that_does_not_fit_is_a_config_error(flags: list[str], world: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig.from_cli(flags, {"WORLD_SIZE": world})
@@ -209,6 +236,11 @@ def test_tensor_parallel_ranks_share_their_samples_in_the_global_batch() -> None
 def test_context_parallel_ranks_share_their_samples_in_the_global_batch() -> None:
     cfg = TrainConfig.from_cli([*CP, "--micro-batch-size", "8"], {"WORLD_SIZE": "4"})
     assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
+
+
+def test_expert_parallel_ranks_share_their_samples_in_the_global_batch() -> None:
+    cfg = TrainConfig.from_cli([*MOE, "--ep-degree", "2", "--micro-batch-size", "8"], {"WORLD_SIZE": "2"})
+    assert cfg.data_parallel_size == 1 and cfg.global_batch_size == 8
 
 
 def test_hsdp_keeps_the_global_batch_over_replicas_times_shards() -> None:

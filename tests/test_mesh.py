@@ -1,4 +1,4 @@
-"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard, cp and tp axes, and
+"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard, cp, ep and tp axes, and
 which data shard it reads, against an independent row-major layout and torch's DeviceMesh."""
 
 from __future__ import annotations
@@ -12,22 +12,24 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from reference_impl.mesh import AXES, ParallelDims
 
-# (pp, dp_replicate, dp_shard, cp, tp): every axis alone, pairs, and all five at once.
-MESHES = [(1, 1, 1, 1, 1), (1, 1, 1, 1, 4), (4, 1, 1, 1, 1), (1, 3, 1, 1, 1), (1, 1, 3, 1, 1), (1, 1, 1, 2, 1),
-          (2, 1, 2, 1, 2), (2, 2, 1, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 1), (3, 2, 1, 1, 2), (2, 2, 2, 1, 2),
-          (2, 3, 2, 1, 2), (1, 1, 2, 2, 1), (1, 3, 1, 2, 1), (2, 2, 2, 2, 2)]
-Shape = tuple[int, int, int, int, int]
+# (pp, dp_replicate, dp_shard, cp, ep, tp): every axis alone, pairs, and all six at once.
+MESHES = [(1, 1, 1, 1, 1, 1), (1, 1, 1, 1, 1, 4), (4, 1, 1, 1, 1, 1), (1, 3, 1, 1, 1, 1), (1, 1, 3, 1, 1, 1),
+          (1, 1, 1, 2, 1, 1), (2, 1, 2, 1, 1, 2), (2, 2, 1, 1, 1, 2), (1, 2, 2, 1, 1, 2), (2, 2, 2, 1, 1, 1),
+          (3, 2, 1, 1, 1, 2), (2, 2, 2, 1, 1, 2), (2, 3, 2, 1, 1, 2), (1, 1, 2, 2, 1, 1), (1, 3, 1, 2, 1, 1),
+          (2, 2, 2, 2, 1, 2), (1, 1, 1, 1, 2, 1), (1, 1, 2, 1, 2, 2), (2, 1, 1, 2, 2, 1),
+          (2, 2, 2, 2, 2, 2)]
+Shape = tuple[int, int, int, int, int, int]
 
 
 def _dims(shape: Shape) -> ParallelDims:
-    pp, replicate, shard, cp, tp = shape
-    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp,
+    pp, replicate, shard, cp, ep, tp = shape
+    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, ep=ep, tp=tp,
                         data_axis="dp_shard" if shard > 1 else "dp_replicate")
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
 def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: Shape) -> None:
-    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, cp, tp), as DeviceMesh
+    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, cp, ep, tp), as DeviceMesh
     lays them out: each rank's coordinates are its index there, so tp varies fastest."""
     dims = _dims(shape)
     grid = torch.arange(dims.world_size).reshape(shape)
@@ -40,22 +42,23 @@ def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: Shape) ->
 
 @pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
 def test_dp_rank_numbers_the_data_shards_in_rank_order_shared_by_each_tp_group(shape: Shape) -> None:
-    """Within a pipeline stage, the ranks at one (cp, tp) position read shards 0, 1, ...,
-    dp_size - 1 in rank order (replicas outer, shards inner); the ranks of one cp x tp block
-    read the same."""
+    """Within a pipeline stage, the ranks at one (cp, ep, tp) position read shards 0, 1, ...,
+    dp_size - 1 in rank order (replicas outer, shards inner); the ranks of one cp x ep x tp
+    block read the same."""
     dims = _dims(shape)
     grid = torch.arange(dims.world_size).reshape(shape)
-    for stage, cp, tp in itertools.product(range(dims.pp), range(dims.cp), range(dims.tp)):
-        ranks = grid[stage, :, :, cp, tp].flatten().tolist()
+    for stage, cp, ep, tp in itertools.product(range(dims.pp), range(dims.cp), range(dims.ep), range(dims.tp)):
+        ranks = grid[stage, :, :, cp, ep, tp].flatten().tolist()
         assert ranks == sorted(ranks)
         assert [dims.dp_rank(r) for r in ranks] == list(range(dims.dp_size))
-    for group in grid.reshape(-1, dims.cp * dims.tp).tolist():
+    for group in grid.reshape(-1, dims.cp * dims.ep * dims.tp).tolist():
         assert len({dims.dp_rank(r) for r in group}) == 1, group
 
 
-@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 1, 2), ("pp", "dp_shard", "tp")),
-                                             ((1, 2, 2, 1, 2), ("dp_replicate", "dp_shard", "tp")),
-                                             ((1, 1, 2, 2, 1), ("dp_shard", "cp"))])
+@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 1, 1, 2), ("pp", "dp_shard", "tp")),
+                                             ((1, 2, 2, 1, 1, 2), ("dp_replicate", "dp_shard", "tp")),
+                                             ((1, 1, 2, 2, 1, 1), ("dp_shard", "cp")),
+                                             ((1, 1, 2, 1, 2, 2), ("dp_shard", "ep", "tp"))])
 def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: Shape,
                                                              axes: tuple[str, ...]) -> None:
     """torch's own DeviceMesh, built on each rank of a fake process group (real layout, no

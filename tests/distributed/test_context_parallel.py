@@ -159,7 +159,7 @@ def test_the_trainer_with_cp_degree_2_matches_one_process(tmp_path: Path) -> Non
     a SIGKILL at step 7 resumes from step 5 to the uninterrupted run's state bit for bit."""
     cp = [*TRAIN, "--cp-degree", "2", "--checkpoint-every", "5"]
     run = train_ok(cp, tmp_path / "cp", "--sample-log", str(tmp_path / "samples"))
-    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1}
+    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1, "ep": 1}
     single = python_module([*TRAIN, "--checkpoint-dir", str(tmp_path / "one")], timeout=120)
     assert single.returncode == 0, single.stderr[-3000:]
     assert len(losses(run)) == 10
@@ -180,7 +180,7 @@ def test_fsdp_over_two_data_shards_and_two_cp_ranks_matches_one_process(tmp_path
     flags = ["--strategy", "fsdp", *TRAIN[:-2]]
     run = train_ok([*flags, "--cp-degree", "2", "--micro-batch-size", "8"], tmp_path / "cp",
                    "--sample-log", str(tmp_path / "samples"), nproc=4)
-    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 1}
+    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 2, "tp": 1, "ep": 1}
     single = python_module([*flags, "--micro-batch-size", "16", "--checkpoint-dir", str(tmp_path / "one")],
                            timeout=120)
     assert single.returncode == 0, single.stderr[-3000:]

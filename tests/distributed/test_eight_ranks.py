@@ -25,10 +25,10 @@ TOL = 1e-5
 
 # plan: (flags, micro-batch per data-parallel group, the mesh run_start must report)
 PLANS = {
-    "ddp": (["--strategy", "ddp"], 2, {"pp": 1, "dp_replicate": 8, "dp_shard": 1, "cp": 1, "tp": 1}),
-    "fsdp": (["--strategy", "fsdp"], 2, {"pp": 1, "dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1}),
+    "ddp": (["--strategy", "ddp"], 2, {"pp": 1, "dp_replicate": 8, "dp_shard": 1, "cp": 1, "tp": 1, "ep": 1}),
+    "fsdp": (["--strategy", "fsdp"], 2, {"pp": 1, "dp_replicate": 1, "dp_shard": 8, "cp": 1, "tp": 1, "ep": 1}),
     "fsdp_tp": (["--strategy", "fsdp", "--tp-degree", "2"], 4,
-                {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 2}),
+                {"pp": 1, "dp_replicate": 1, "dp_shard": 4, "cp": 1, "tp": 2, "ep": 1}),
 }
 
 

@@ -6,6 +6,9 @@ expert runs the same block on each rank's tokens in turn (a rank's tokens are it
 routing group: capacity is counted per rank, as each rank drops before it sends). Both
 must give the same outputs, auxiliary losses, dropped counts and gradients, in float64 to
 1e-12, and the bytes the ranks hand to `all_to_all_single` must be `calc.moe_all_to_all`'s.
+
+The trainer's `--n-experts 4 --ep-degree 2` on two torchrun ranks trains as one process
+holding the four experts, and resumes after a SIGKILL to the uninterrupted run's state.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ from typing import Any
 import pytest
 import torch
 from experts_worker import CASES, HIDDEN, TOKENS, balance, ep_rank, full_block, inputs
-from launch import free_port, spawn
+from launch import Run, free_port, python_module, spawn, train_ok
+from sample_logs import losses, rank_log
 
 from reference_impl import calc
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 
 TOL = 1e-12
+# Plain SGD: AdamW divides each gradient by its own scale, which would hide a wrong one.
+TRAIN = ["--model", "transformer", "--n-experts", "4", "--optimizer", "sgd", "--lr", "0.5", "--dataset-size",
+         "512", "--warmup-steps", "2", "--log-every", "1", "--pg-timeout-s", "60", "--max-steps", "10", "--micro-batch-size", "16"]
+EP = [*TRAIN, "--ep-degree", "2", "--checkpoint-every", "5"]
 
 
 def _ranks(world_size: int, root: Path) -> list[dict[str, Any]]:
@@ -109,3 +117,41 @@ def test_all_to_all_bytes_equal_the_calculator(ranks: tuple[int, list[dict[str, 
         assert sum(c["sent"] for c in rows) == expected["bytes_sent_per_layer"]
         assert sum(c["received"] for c in rows) == expected["bytes_received_per_layer"]
         assert saved[rank][case]["dropped"] == 0
+
+
+@pytest.fixture(scope="module")
+def ep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
+    """An uninterrupted `--ep-degree 2` run of 10 steps on 2 ranks (checkpoints at 5 and 10),
+    with its sample log."""
+    root = tmp_path_factory.mktemp("ep_trainer")
+    return train_ok(EP, root / "ckpt", "--sample-log", str(root / "samples")), root / "samples"
+
+
+@pytest.mark.slow  # two trainer runs (the fixture's and one process): 22-48 s on the loaded 2-core machine
+@pytest.mark.timeout(400)
+def test_the_trainer_with_ep_degree_2_matches_one_process(ep_run: tuple[Run, Path], tmp_path: Path) -> None:
+    """`--n-experts 4 --ep-degree 2` (two experts per rank, all-to-all between them): the
+    losses of one process holding all four experts on the same global batch within 1e-5,
+    both ranks read the same samples, and the step events carry the load-balancing loss and
+    the dropped assignments."""
+    run, samples = ep_run
+    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "ep": 2}
+    single = python_module([*TRAIN, "--checkpoint-dir", str(tmp_path / "one")], timeout=120)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert len(losses(run)) == 10
+    assert losses(run) == pytest.approx(losses(single), abs=1e-5)
+    assert rank_log(samples, 0) == rank_log(samples, 1)
+    steps = run.of("step")
+    assert all(e["aux_loss"] > 0 and e["dropped_tokens"] >= 0 for e in steps)
+    assert [e["aux_loss"] for e in steps] == pytest.approx([e["aux_loss"] for e in single.of("step")], abs=1e-5)
+
+
+@pytest.mark.slow  # a trainer run killed and restarted: 22-63 s
+@pytest.mark.timeout(400)
+def test_sigkill_under_expert_parallel_resumes_bit_exactly(ep_run: tuple[Run, Path], tmp_path: Path) -> None:
+    """Rank 1 is killed before step 7; torchrun restarts both ranks, each restores its own
+    experts from step 5 (DTensor shards in DCP) and they end on the uninterrupted run's
+    state bit for bit."""
+    killed = train_ok(EP, tmp_path, "--fail-at-step", "7", "--fail-rank", "1", restarts=1)
+    assert [e["step"] for e in killed.of("checkpoint_restored")] == [5]
+    assert killed.digest() == ep_run[0].digest()

@@ -34,7 +34,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path, Path
 
 
 def test_hsdp_four_ranks_match_one_process(reference: tuple[Run, Path, Path], tmp_path: Path) -> None:
-    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1}
+    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 1,
+                                                       "ep": 1}
     single = python_module([*ONE, "--checkpoint-dir", str(tmp_path)], timeout=120)
     assert single.returncode == 0, single.stderr[-3000:]
     assert len(losses(reference[0])) == 12

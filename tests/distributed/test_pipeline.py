@@ -106,7 +106,8 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @pytest.mark.distributed
 def test_two_stages_under_1f1b_match_one_process(reference: tuple[Run, Path, Path], single: Run) -> None:
-    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1}
+    assert reference[0].of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1,
+                                                       "ep": 1}
     assert len(losses(reference[0])) == 12
     assert losses(reference[0]) == pytest.approx(losses(single), abs=TOL)
     assert losses(single)[-1] < losses(single)[0], "and it learns"
@@ -175,7 +176,7 @@ def test_pipelines_of_fsdp_stages_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     pipelines read disjoint ones. (A SIGKILL under pipeline parallel and under FSDP2 is
     each tested on two ranks, where it costs a third of the time.)"""
     run = train_ok(PP_FSDP, tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), nproc=4)
-    assert run.of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1}
+    assert run.of("run_start")[0]["mesh"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1, "ep": 1}
     one_flags = [*COMMON, "--max-steps", "8", "--checkpoint-dir", str(tmp_path / "one")]
     one = python_module(one_flags, timeout=120)
     assert one.returncode == 0, one.stderr[-3000:]

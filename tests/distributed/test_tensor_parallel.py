@@ -80,7 +80,7 @@ def test_fsdp_and_tp_on_a_two_by_two_mesh(tmp_path: Path) -> None:
     1e-5; TP partners read the same samples and the two data-parallel groups disjoint ones;
     a SIGKILL resumes to the uninterrupted run's state bit for bit."""
     run = train_ok(FSDP_TP, tmp_path / "ckpt", "--sample-log", str(tmp_path / "samples"), nproc=4)
-    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2, "ep": 1}
     single_flags = [*FSDP_TP[:-4], "--micro-batch-size", "16", "--checkpoint-dir", str(tmp_path / "one")]
     single = python_module(single_flags, timeout=120)
     assert single.returncode == 0, single.stderr[-3000:]
