@@ -24,8 +24,8 @@ from typing import Any
 DIAGRAMS = Path(__file__).resolve().parents[1] / "diagrams"
 # mermaid2's fence for the theme: `<pre  class="mermaid"><code>SOURCE\n</code></pre>` (the lint
 # keeps raw tags out of SOURCE, so its unescaped text is the browser's textContent). In the
-# built page the block may carry this hook's mark.
-BLOCK = re.compile(r'<pre\s+class="mermaid"(?: data-diagram="\w+")?><code>(?P<source>.*?)</code></pre>', re.S)
+# built page the block carries this hook's mark and room.
+BLOCK = re.compile(r'<pre\s+class="mermaid"(?:\s[^>]*)?><code>(?P<source>.*?)</code></pre>', re.S)
 OPENING = re.compile(r'<pre\s+class="mermaid">')
 VIEWBOX = re.compile(r'viewBox="[-\d.]+ [-\d.]+ (?P<width>[\d.]+) (?P<height>[\d.]+)"')
 log = logging.getLogger("mkdocs.hooks.diagrams")
