@@ -17,8 +17,8 @@ from typing import Any
 NAMES = {"md-search": "Search", "md-progress": "Page loading"}
 TAG = re.compile(r'<div(?P<attrs>[^>]*\bclass="(?P<cls>md-search|md-progress)"[^>]*)>')
 # The item's own text runs from the checkbox's label to the item's end or its nested list.
-TASK = re.compile(r'(?P<input><input type="checkbox" disabled(?: checked)?)(?P<rest>/><span class="task-list-indicator">'
-                  r'</span></label>)(?P<item>.*?)(?=</li>|<ul|<ol)', re.S)
+TASK = re.compile(r'(?P<input><input type="checkbox" disabled(?: checked)?)'
+                  r'(?P<rest>/><span class="task-list-indicator"></span></label>)(?P<item>.*?)(?=</li>|<ul|<ol)', re.S)
 
 
 def _named(match: re.Match[str]) -> str:

@@ -25,7 +25,7 @@ DRAWN = "/diagrams/"
 DIAGRAM_TOPS = "() => Array.from(document.querySelectorAll('pre.mermaid'), (pre) => pre.getBoundingClientRect().top)"
 BOX = "(box) => [Math.round(box.width), Math.round(box.height)]"
 ROOM = f"() => ({BOX})(document.querySelector('pre.mermaid').getBoundingClientRect())"
-DRAWING = f"() => ({BOX})(document.querySelector('div.mermaid').shadowRoot.querySelector('svg').getBoundingClientRect())"
+DRAWING = f"() => ({BOX})(document.querySelector('div.mermaid').shadowRoot.firstElementChild.getBoundingClientRect())"
 
 
 class Transfers:
