@@ -1,11 +1,13 @@
-// Diagrams without the 3.5 MB Mermaid bundle on the first screen.
+// Diagrams without the 3.5 MB Mermaid bundle.
 //
 // The theme renders each diagram (`pre.mermaid`) by calling `mermaid.initialize` once, then
 // `mermaid.render(id, text)`; when no global `mermaid` exists it fetches one from a CDN,
-// which the offline site must never do. So this script defines that global as a stand-in:
-// it keeps the theme's settings, and each render waits until its diagram is within MARGIN
-// of the viewport, then loads the vendored bundle (once, for every diagram) and hands over.
-// The bundle replaces the global when it loads, so later renders go to it directly.
+// which the offline site must never do. So this script defines that global as a stand-in.
+// Each render waits until its diagram is within MARGIN of the viewport. A diagram drawn
+// ahead of time (`data-diagram="KEY"`, set by docs/hooks/diagrams.py) then gets its SVG from
+// diagrams/KEY.svg, a few kilobytes. Any other diagram (one edited since its SVG was drawn)
+// loads the vendored bundle (once, for every such diagram) with the theme's settings, and
+// the bundle replaces the global when it loads, so later renders go to it directly.
 //
 // Every page loads this script, so that the stand-in is there when instant navigation brings
 // the reader to a page with diagrams. mermaid2 adds it a second time to a page that has a
@@ -16,6 +18,10 @@
   if (window.mermaid && !(window.mermaid instanceof Element)) return;
 
   const BUNDLE = new URL("vendor/mermaid-11.17.2.min.js", document.currentScript.src).href;
+  const DRAWN = new URL("../diagrams/", document.currentScript.src).href;
+  // The id the stored SVGs were drawn with (scripts/render_diagrams.py); each render swaps
+  // in the theme's id, as Mermaid would have written it.
+  const DRAWN_ID = "__mermaid_drawn";
   // Half a screen ahead: the bundle arrives while the reader scrolls toward the diagram,
   // and the first screen of a page whose first diagram is lower down never asks for it.
   const MARGIN = "50% 0px";
@@ -35,20 +41,20 @@
     document.head.appendChild(script);
   }));
 
-  // Resolves once the code block holding `text` comes near the viewport. The theme passes
-  // only the text; its block stays in the page until the render resolves.
+  // Resolves with the code block holding `text` once it comes near the viewport. The theme
+  // passes only the text; its block stays in the page until the render resolves.
   const near = (text) => new Promise((resolve) => {
     const block = Array.from(document.querySelectorAll("pre"))
       .find((pre) => !claimed.has(pre) && pre.textContent === text);
     if (!block) {
-      resolve();
+      resolve(null);
       return;
     }
     claimed.add(block);
     const observer = new IntersectionObserver((entries) => {
       if (entries.some((entry) => entry.isIntersecting)) {
         observer.disconnect();
-        resolve();
+        resolve(block);
       }
     }, {rootMargin: MARGIN});
     observer.observe(block);
@@ -59,7 +65,11 @@
       settings = config;
     },
     async render(id, text) {
-      await near(text);
+      const key = (await near(text))?.dataset.diagram;
+      if (key) {
+        const response = await fetch(`${DRAWN}${key}.svg`);
+        if (response.ok) return {svg: (await response.text()).replaceAll(DRAWN_ID, id)};
+      }
       return (await load()).render(id, text);
     },
   };
