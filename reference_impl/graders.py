@@ -547,29 +547,39 @@ def grade_drill_5(timer_cls: type) -> Results:
         for _ in range(20):
             a @ a
 
-    def window(timer: Any) -> dict[str, float]:
+    def window(timer: Any, busy: bool = True) -> dict[str, float]:
         with timer.phase("data"):
             pass
         with timer.phase("forward"):
-            work()  # about 50 ms of CPU work
+            if busy:
+                work()  # about 50 ms of CPU work
         with timer.phase("backward"):
             pass
         return {name: float(value) for name, value in timer.flush().items()}
 
     def forward_only() -> None:
-        got = window(timer_cls(torch.device("cpu")))
-        forward = got.get("forward", 0.0)
-        others = max((v for k, v in got.items() if k != "forward"), default=0.0)
-        assert forward > 0 and others < 0.2 * forward, (
-            f"a matrix multiply timed inside phase('forward') reads {got}: it belongs to forward alone")
+        # Best of three windows: a busy machine may pause the process inside an empty phase
+        # once, but a timer that books the work elsewhere misplaces it every time.
+        tries = []
+        for _ in range(3):
+            got = window(timer_cls(torch.device("cpu")))
+            forward = got.get("forward", 0.0)
+            others = max((v for k, v in got.items() if k != "forward"), default=0.0)
+            if forward > 0 and others < 0.2 * forward:
+                return
+            tries.append(got)
+        raise AssertionError(
+            f"a matrix multiply timed inside phase('forward') reads {tries[0]}: it belongs to forward alone")
 
     def flush_starts_a_new_window() -> None:
         timer = timer_cls(torch.device("cpu"))
         first = window(timer)
         empty = {k: v for k, v in timer.flush().items() if float(v) > 0}
         assert not empty, f"a flush right after a flush reports {empty}: the window was not reset"
-        second = window(timer)
-        assert sum(second.values()) < 3 * sum(first.values()), (
+        # A window with no work after one with the work: if flush() kept the first window's
+        # time, the second reads at least as much, however fast the machine runs.
+        second = window(timer, busy=False)
+        assert sum(second.values()) < sum(first.values()), (
             f"the second window ({second}) includes the first ({first})")
 
     return _grade("drill 5: phase timer", {
