@@ -74,7 +74,7 @@ class Pipeline:
 
 
 def build_pipeline(stage: nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device: torch.device) -> Pipeline:
-    """The schedule (`cfg.pp_schedule`) that drives this rank's `stage` (its `Stage`, or a
+    """The schedule (`cfg.pp_schedule`) that drives this rank's `stage` (the module its model's spec cut, or a
     DDP/FSDP2 wrapper of it) over `mesh`, the pp axis of this rank.
 
     Each pipeline micro-batch's loss is divided by M x G (pipeline micro-batches times
