@@ -122,7 +122,6 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return list(model.get_submodule("blocks").children())
 
 
-
 # --8<-- [start:tp_plan]
 def transformer_tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
     """How tensor parallel splits each submodule of a `TinyTransformer` (`reference_impl.tensor_parallel`).
