@@ -1,4 +1,4 @@
-"""`--compile`: torch.compile (inductor) on the model's repeated units, in place.
+"""`--compile`: torch.compile (inductor) on the model's repeated units (its spec names them), in place.
 
 Only each unit's `forward` is replaced, never `__call__`: the hooks that DDP, FSDP2 and
 activation checkpointing hang on a module run eagerly around the compiled code, and the
@@ -16,8 +16,9 @@ from torch import nn
 
 
 # --8<-- [start:compile_units]
-def compile_units(model: nn.Module) -> list[nn.Module]:
-    """Compile each transformer block's forward (an MLP's whole forward) in place.
+def compile_units(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """Compile the forward of each of `units` (the model's repeated units, such as a
+    transformer's blocks) in place, or the whole model's forward when it has none (an MLP).
 
     One compiled block serves every block: they share code and shapes, so dynamo traces
     once and reuses the graph (parameters are graph inputs, not constants). Called after
@@ -26,7 +27,7 @@ def compile_units(model: nn.Module) -> list[nn.Module]:
     Returns:
         The modules whose forward is now compiled.
     """
-    units = list(model.get_submodule("blocks").children()) if hasattr(model, "blocks") else [model]
+    units = units or [model]
     for unit in units:
         unit.forward = torch.compile(unit.forward)
     return units

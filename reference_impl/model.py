@@ -1,5 +1,9 @@
-"""Two small models: an MLP classifier and a causal transformer whose blocks are the
-units that FSDP2 shards and activation checkpointing recomputes."""
+"""Two small models, an MLP classifier and a causal transformer, and the registry of model specs.
+
+Each model owns what is model-specific (`reference_impl.spec.ModelSpec`): the transformer's
+blocks are the units that FSDP2 shards, `--compile` compiles and activation checkpointing
+recomputes; its tensor-parallel plan and its pipeline stages are defined here, beside it.
+"""
 
 # --8<-- [start:imports]
 from __future__ import annotations
@@ -18,11 +22,14 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 from torch.utils.checkpoint import checkpoint
+from torch.utils.data import Dataset
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
+from reference_impl.data import Sample, SyntheticClassification, SyntheticTokens
 from reference_impl.experts import ExpertsMLP
 from reference_impl.fp8 import swap_linears
+from reference_impl.spec import ModelSpec
 
 
 # --8<-- [start:mlp]
@@ -85,7 +92,7 @@ def run_blocks(blocks: Iterable[nn.Module], x: torch.Tensor, recompute: bool) ->
 
 
 class TinyTransformer(nn.Module):
-    """A decoder-only language model; `blocks` is what parallelize.py wraps."""
+    """A decoder-only language model; its `blocks` are the units `TRANSFORMER_SPEC` names."""
 
     def __init__(self, vocab_size: int, seq_len: int, d_model: int, n_layers: int,
                  n_heads: int, hidden_dim: int, dropout: float) -> None:
@@ -95,7 +102,7 @@ class TinyTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(d_model, n_heads, hidden_dim, dropout) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size)
-        self.checkpoint_blocks = False  # set by parallel.wrap_model for --activation-checkpointing
+        self.checkpoint_blocks = False  # set by parallel.parallelize for --activation-checkpointing
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for `tokens`; `positions` are their places in the sequence when they are
@@ -109,31 +116,144 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(x)).clone()
 # --8<-- [end:transformer]
 
-    # --8<-- [start:tp_plan]
-    def tp_plan(self) -> dict[str, ParallelStyle]:
-        """How tensor parallel splits each submodule (`reference_impl.tensor_parallel`).
 
-        Between blocks the residual stream is split along the sequence (Shard(1)): the
-        norms and dropout run on each rank's slice of tokens (sequence parallel). Entering
-        attention or the MLP, the first matmul all-gathers the tokens and splits its output
-        columns (heads, hidden units); the second splits its input rows and reduce-scatters
-        the partial sums back to sequence slices. The logits are all-gathered whole.
-        """
-        seq = Shard(1)
-        plan: dict[str, ParallelStyle] = {
-            "blocks.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
-                                           use_local_output=True),
-            "norm": SequenceParallel(),
-            "head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
-        }
-        for i in range(len(self.blocks)):
-            plan |= {f"blocks.{i}.norm1": SequenceParallel(), f"blocks.{i}.norm2": SequenceParallel(),
-                     f"blocks.{i}.qkv": ColwiseParallel(input_layouts=seq),
-                     f"blocks.{i}.proj": RowwiseParallel(output_layouts=seq),
-                     f"blocks.{i}.mlp.0": ColwiseParallel(input_layouts=seq),
-                     f"blocks.{i}.mlp.2": RowwiseParallel(output_layouts=seq)}
-        return plan
-    # --8<-- [end:tp_plan]
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks of a `TinyTransformer` or of its pipeline `Stage`, in order."""
+    return list(model.get_submodule("blocks").children())
+
+
+# --8<-- [start:tp_plan]
+def transformer_tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+    """How tensor parallel splits each submodule of a `TinyTransformer` (`reference_impl.tensor_parallel`).
+
+    Between blocks the residual stream is split along the sequence (Shard(1)): the
+    norms and dropout run on each rank's slice of tokens (sequence parallel). Entering
+    attention or the MLP, the first matmul all-gathers the tokens and splits its output
+    columns (heads, hidden units); the second splits its input rows and reduce-scatters
+    the partial sums back to sequence slices. The logits are all-gathered whole.
+    """
+    seq = Shard(1)
+    plan: dict[str, ParallelStyle] = {
+        "blocks.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(seq,),
+                                       use_local_output=True),
+        "norm": SequenceParallel(),
+        "head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+    }
+    for i in range(len(transformer_blocks(model))):
+        plan |= {f"blocks.{i}.norm1": SequenceParallel(), f"blocks.{i}.norm2": SequenceParallel(),
+                 f"blocks.{i}.qkv": ColwiseParallel(input_layouts=seq),
+                 f"blocks.{i}.proj": RowwiseParallel(output_layouts=seq),
+                 f"blocks.{i}.mlp.0": ColwiseParallel(input_layouts=seq),
+                 f"blocks.{i}.mlp.2": RowwiseParallel(output_layouts=seq)}
+    return plan
+# --8<-- [end:tp_plan]
+
+
+# --8<-- [start:stage]
+def stage_layers(n_layers: int, pp_degree: int, stage: int) -> range:
+    """The blocks of `stage`: contiguous, as even as possible, earlier stages one larger."""
+    if not 1 <= pp_degree <= n_layers:
+        raise ValueError(f"pp_degree must be in [1, n_layers={n_layers}] (got {pp_degree})")
+    base, extra = divmod(n_layers, pp_degree)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (stage < extra))
+
+
+class Stage(nn.Module):
+    """One pipeline stage: the first adds the embeddings, the last the norm and the head.
+
+    Blocks keep their index in the whole model (`blocks.2` stays `blocks.2` on the second
+    stage), so every stage's state dict uses the whole model's names: a checkpoint written
+    by the stages together restores into any other number of stages, or none.
+    """
+
+    def __init__(self, model: TinyTransformer, stage: int, pp_degree: int,
+                 autocast_dtype: torch.dtype | None = None) -> None:
+        """Take stage `stage` of `pp_degree` from a `TinyTransformer` built on every rank."""
+        super().__init__()
+        self.first, self.last = stage == 0, stage == pp_degree - 1
+        self.autocast_dtype, self.checkpoint_blocks = autocast_dtype, model.checkpoint_blocks
+        # Shared modules, not copies: every rank built the same seeded model and keeps its part.
+        self.embed: nn.Embedding | None = model.embed if self.first else None
+        self.pos: nn.Parameter | None = model.pos if self.first else None
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i]
+                                     for i in stage_layers(len(model.blocks), pp_degree, stage)})
+        self.norm: nn.LayerNorm | None = model.norm if self.last else None
+        self.head: nn.Linear | None = model.head if self.last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Autocast here, not around the schedule: the schedule also runs the backward pass.
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            if self.embed is not None and self.pos is not None:  # the first stage: x holds token ids
+                x = self.embed(x) + self.pos[: x.shape[1]]
+            x = run_blocks(self.blocks.values(), x, recompute=self.checkpoint_blocks and self.training)
+            return self.head(self.norm(x)) if self.norm is not None and self.head is not None else x
+# --8<-- [end:stage]
+
+
+def transformer_stage(model: nn.Module, cfg: TrainConfig, pp_degree: int, stage: int) -> Stage:
+    """Stage `stage` of `pp_degree` of a `TinyTransformer`, autocast to bf16 under `--precision bf16`.
+
+    Raises:
+        TypeError: `model` is not a `TinyTransformer`.
+    """
+    if not isinstance(model, TinyTransformer):
+        raise TypeError(f"pipeline stages are cut from a TinyTransformer, not {type(model).__name__}")
+    return Stage(model, stage, pp_degree, autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
+
+
+def build_mlp(cfg: TrainConfig) -> nn.Module:
+    """The `--model mlp` classifier."""
+    return MLP(cfg.input_dim, cfg.hidden_dim, cfg.num_classes)
+
+
+def build_transformer(cfg: TrainConfig) -> nn.Module:
+    """The `--model transformer` language model; with `--n-experts`, every MLP a mixture of experts."""
+    model = TinyTransformer(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
+                            cfg.n_heads, cfg.hidden_dim, cfg.dropout)
+    for block in model.blocks if cfg.n_experts else ():
+        block.mlp = ExpertsMLP(cfg.d_model, cfg.hidden_dim, cfg.n_experts)
+    return model
+
+
+def mlp_flops(cfg: TrainConfig) -> float:
+    """Training FLOPs per sample of the MLP: 6 x (matmul parameters)."""
+    return 6.0 * (cfg.input_dim * cfg.hidden_dim + cfg.hidden_dim ** 2 + cfg.hidden_dim * cfg.num_classes)
+
+
+def transformer_flops(cfg: TrainConfig) -> float:
+    """Training FLOPs per sample of the transformer: 6 x (matmul parameters) per token, plus attention.
+
+    The attention term is 12 x n_layers x d_model x seq_len per token (QK^T and AV,
+    forward and backward), the usual dense-transformer accounting.
+    """
+    per_block = 4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.hidden_dim
+    matmul = cfg.n_layers * per_block + cfg.d_model * cfg.vocab_size
+    attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
+    return (6.0 * matmul + attention) * cfg.seq_len
+
+
+def _classification(cfg: TrainConfig) -> Dataset[Sample]:
+    return SyntheticClassification(cfg.dataset_size, cfg.input_dim, cfg.num_classes, cfg.seed)
+
+
+def _tokens(cfg: TrainConfig) -> Dataset[Sample]:
+    return SyntheticTokens(cfg.dataset_size, cfg.seq_len, cfg.vocab_size, cfg.seed)
+
+
+# --8<-- [start:specs]
+MLP_SPEC = ModelSpec(build=build_mlp, dataset=_classification, flops_per_sample=mlp_flops,
+                     repeated_units=lambda model: [])
+TRANSFORMER_SPEC = ModelSpec(build=build_transformer, dataset=_tokens, flops_per_sample=transformer_flops,
+                             repeated_units=transformer_blocks, tp_plan=transformer_tp_plan,
+                             pipeline_stage=transformer_stage)
+SPECS: dict[str, ModelSpec] = {"mlp": MLP_SPEC, "transformer": TRANSFORMER_SPEC}  # --model -> its spec
+
+
+def spec_of(cfg: TrainConfig) -> ModelSpec:
+    """The spec of the configured model (`--model`)."""
+    return SPECS[cfg.model]
+# --8<-- [end:specs]
 
 
 def build_model(cfg: TrainConfig) -> nn.Module:
@@ -143,12 +263,7 @@ def build_model(cfg: TrainConfig) -> nn.Module:
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        if cfg.model == "mlp":
-            return MLP(cfg.input_dim, cfg.hidden_dim, cfg.num_classes)
-        model = TinyTransformer(cfg.vocab_size, cfg.seq_len, cfg.d_model, cfg.n_layers,
-                                cfg.n_heads, cfg.hidden_dim, cfg.dropout)
-        for block in model.blocks if cfg.n_experts else ():  # --n-experts: every MLP a mixture of experts
-            block.mlp = ExpertsMLP(cfg.d_model, cfg.hidden_dim, cfg.n_experts)
+        model = spec_of(cfg).build(cfg)
     if cfg.fp8:
         swap_linears(model)  # after the seeded init: the same weights as without fp8
     return model
@@ -160,15 +275,5 @@ def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def flops_per_sample(cfg: TrainConfig) -> float:
-    """Training FLOPs per sample: 6 x (matmul parameters) per token, plus attention.
-
-    The attention term is 12 x n_layers x d_model x seq_len per token (QK^T and AV,
-    forward and backward), the usual dense-transformer accounting.
-    """
-    if cfg.model == "mlp":
-        matmul = cfg.input_dim * cfg.hidden_dim + cfg.hidden_dim ** 2 + cfg.hidden_dim * cfg.num_classes
-        return 6.0 * matmul
-    per_block = 4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.hidden_dim
-    matmul = cfg.n_layers * per_block + cfg.d_model * cfg.vocab_size
-    attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
-    return (6.0 * matmul + attention) * cfg.seq_len
+    """Training FLOPs per sample of the configured model, as its spec counts them."""
+    return spec_of(cfg).flops_per_sample(cfg)

@@ -27,6 +27,7 @@ from reference_impl.compiled import compile_units
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.mesh import ParallelDims
+from reference_impl.model import spec_of
 
 
 # --8<-- [start:data_parallel]
@@ -43,10 +44,11 @@ def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     reduce-scattered there and all-reduced across the groups."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if cfg.precision == "bf16" else MixedPrecisionPolicy()
-    # Shard each block first so its parameters are gathered just before use and freed
-    # right after; the root call then covers the leftovers (embeddings, head).
-    for block in model.get_submodule("blocks").children() if hasattr(model, "blocks") else ():
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+    # Shard each repeated unit (a transformer's blocks) first so its parameters are gathered
+    # just before use and freed right after; the root call then covers the leftovers
+    # (embeddings, head).
+    for unit in spec_of(cfg).repeated_units(model):
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 # --8<-- [end:data_parallel]
@@ -89,13 +91,18 @@ def dims_of(cfg: TrainConfig, device_type: str = "cpu") -> ParallelDims:
 
 def checkpoint_layout(cfg: TrainConfig) -> str:
     """"dcp" when a parallelism the run applies splits the parameters, else "torch_save"."""
-    used = dims_of(cfg).wrapped_axes  # the axes `wrap_model` applies a parallelism over
+    used = dims_of(cfg).wrapped_axes  # the axes `parallelize` applies a parallelism over
     return "dcp" if any(p.sharded for p in PARALLELISMS.values() if p.axis in used) else "torch_save"
 
 
-# --8<-- [start:wrap_model]
-def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: ParallelDims) -> nn.Module:
-    """Move the model to its device and apply the parallelism of every used mesh axis."""
+# --8<-- [start:parallelize]
+def parallelize(model: nn.Module, dims: ParallelDims, cfg: TrainConfig, ctx: DistContext) -> nn.Module:
+    """Move the model to its device and apply the parallelism of every used mesh axis, in
+    torchtitan's order: pp, tp, cp, ep, then `--compile`, then the data-parallel wrappers.
+
+    What is model-specific (the units to shard and compile, the TP plan, the pipeline
+    stages) comes from the model's spec (`reference_impl.model.spec_of`).
+    """
     model = model.to(ctx.device)
     if cfg.activation_checkpointing:
         model.checkpoint_blocks = True  # type: ignore[assignment]  # torch types Module attributes as Tensor | Module
@@ -105,11 +112,11 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, ctx: DistContext, dims: Paral
     for parallelism in [p for p in applied if p.axis not in DATA_PARALLEL_AXES]:
         model = parallelism.wrap(model, dims.mesh_of(parallelism.axis), cfg)
     if cfg.compile:
-        compile_units(model)
+        compile_units(model, spec_of(cfg).repeated_units(model))
     for parallelism in [p for p in applied if p.axis in DATA_PARALLEL_AXES]:
         model = parallelism.wrap(model, dims.mesh_of(parallelism.axis), cfg)
     return model
-# --8<-- [end:wrap_model]
+# --8<-- [end:parallelize]
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> AbstractContextManager[None]:

@@ -1,4 +1,4 @@
-"""Pipeline parallelism: the transformer cut into consecutive stages, one per rank.
+"""Pipeline parallelism: the model cut into consecutive stages (its spec says where), one per rank.
 
 Each optimizer step splits the batch into M micro-batches. A schedule from
 `torch.distributed.pipelining` moves them through the stages: activations go forward to
@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
-from reference_impl.model import TinyTransformer, loss_fn, run_blocks
+from reference_impl.model import loss_fn, spec_of
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # --pp-schedule -> pipelining's class
 
@@ -39,62 +39,21 @@ def _schedule_and_stage(kind: str) -> tuple[Any, Any]:
     return getattr(pipelining, SCHEDULES[kind]), pipelining.PipelineStage
 
 
-# --8<-- [start:stage]
-def stage_layers(n_layers: int, pp_degree: int, stage: int) -> range:
-    """The blocks of `stage`: contiguous, as even as possible, earlier stages one larger."""
-    if not 1 <= pp_degree <= n_layers:
-        raise ValueError(f"pp_degree must be in [1, n_layers={n_layers}] (got {pp_degree})")
-    base, extra = divmod(n_layers, pp_degree)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (stage < extra))
-
-
-class Stage(nn.Module):
-    """One pipeline stage: the first adds the embeddings, the last the norm and the head.
-
-    Blocks keep their index in the whole model (`blocks.2` stays `blocks.2` on the second
-    stage), so every stage's state dict uses the whole model's names: a checkpoint written
-    by the stages together restores into any other number of stages, or none.
-    """
-
-    def __init__(self, model: TinyTransformer, stage: int, pp_degree: int,
-                 autocast_dtype: torch.dtype | None = None) -> None:
-        """Take stage `stage` of `pp_degree` from a `TinyTransformer` built on every rank."""
-        super().__init__()
-        self.first, self.last = stage == 0, stage == pp_degree - 1
-        self.autocast_dtype, self.checkpoint_blocks = autocast_dtype, model.checkpoint_blocks
-        # Shared modules, not copies: every rank built the same seeded model and keeps its part.
-        self.embed: nn.Embedding | None = model.embed if self.first else None
-        self.pos: nn.Parameter | None = model.pos if self.first else None
-        self.blocks = nn.ModuleDict({str(i): model.blocks[i]
-                                     for i in stage_layers(len(model.blocks), pp_degree, stage)})
-        self.norm: nn.LayerNorm | None = model.norm if self.last else None
-        self.head: nn.Linear | None = model.head if self.last else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Autocast here, not around the schedule: the schedule also runs the backward pass.
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            if self.embed is not None and self.pos is not None:  # the first stage: x holds token ids
-                x = self.embed(x) + self.pos[: x.shape[1]]
-            x = run_blocks(self.blocks.values(), x, recompute=self.checkpoint_blocks and self.training)
-            return self.head(self.norm(x)) if self.norm is not None and self.head is not None else x
-# --8<-- [end:stage]
-
-
-def split(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> Stage:
-    """This rank's stage of `model`: the wrap function of the `pp` mesh axis.
+def split(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
+    """This rank's stage of `model`, as the model's spec cuts it: the wrap function of the
+    `pp` mesh axis.
 
     Every rank builds the whole model first and keeps one stage of it; the rest is freed
     when the caller drops the model. (A model too large for one device would be built on
     the meta device and only its stage materialised.)
 
     Raises:
-        TypeError: `model` is not a `TinyTransformer`, the model cut into stages of blocks.
+        TypeError: The model's spec has no pipeline stages.
     """
-    if not isinstance(model, TinyTransformer):  # the config allows pipeline stages for the transformer only
-        raise TypeError(f"pipeline stages are cut from a TinyTransformer, not {type(model).__name__}")
-    return Stage(model, mesh.get_local_rank(), mesh.size(),
-                 autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
+    cut = spec_of(cfg).pipeline_stage
+    if cut is None:
+        raise TypeError(f"{type(model).__name__} has no pipeline stages; it cannot run pipeline parallel")
+    return cut(model, cfg, mesh.size(), mesh.get_local_rank())
 
 
 @dataclass
@@ -115,7 +74,7 @@ class Pipeline:
 
 
 def build_pipeline(stage: nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device: torch.device) -> Pipeline:
-    """The schedule (`cfg.pp_schedule`) that drives this rank's `stage` (its `Stage`, or a
+    """The schedule (`cfg.pp_schedule`) that drives this rank's `stage` (the module its model's spec cut, or a
     DDP/FSDP2 wrapper of it) over `mesh`, the pp axis of this rank.
 
     Each pipeline micro-batch's loss is divided by M x G (pipeline micro-batches times

@@ -82,7 +82,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer,
 def merge_stages(stages: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """One model and optimizer state from the stages' states, in stage order.
 
-    Parameter names are already the whole model's (`reference_impl.pipeline.Stage`); each
+    Parameter names are already the whole model's (`reference_impl.model.Stage`); each
     optimizer param group lists the stages' parameters one stage after another, which is
     the whole model's parameter order.
     """

@@ -1,6 +1,6 @@
 """Tensor parallel with DTensor: the model's own plan, applied over the mesh's tp axis.
 
-A model that supports tensor parallel has a `tp_plan()` method naming, per submodule, a
+A model that supports tensor parallel has a `tp_plan` in its spec naming, per submodule, a
 `ParallelStyle` (`ColwiseParallel`, `RowwiseParallel`, `SequenceParallel`, ...). This
 module applies it and then turns every parameter the plan left whole (embeddings) into
 a replicated DTensor, so the optimizer, gradient clipping, FSDP2 and DCP see one kind of
@@ -19,19 +19,20 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
+from reference_impl.model import spec_of
 
 
 # --8<-- [start:parallelize]
 def parallelize(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
-    """Split `model` over `mesh` (the tp axis) in place, following `model.tp_plan()`.
+    """Split `model` over `mesh` (the tp axis) in place, following its spec's `tp_plan`.
 
     Raises:
-        TypeError: The model has no tensor-parallel plan.
+        TypeError: The model's spec has no tensor-parallel plan.
     """
-    tp_plan = getattr(model, "tp_plan", None)
+    tp_plan = spec_of(cfg).tp_plan
     if tp_plan is None:
-        raise TypeError(f"{type(model).__name__} has no tp_plan(); it cannot run tensor parallel")
-    parallelize_module(model, mesh, tp_plan())
+        raise TypeError(f"{type(model).__name__} has no tp_plan; it cannot run tensor parallel")
+    parallelize_module(model, mesh, tp_plan(model))
     # Every parameter not yet a DTensor becomes a Replicate one; the root's inputs (token
     # ids, the same on every rank of the group) become Replicate DTensors to match.
     # torch annotates input_fn as returning None, but the pre-hook it installs returns its result: the new inputs.

@@ -26,24 +26,22 @@ from reference_impl.checkpoint.files import make_dir
 from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.context_parallel import SequenceShard
-from reference_impl.data import Batch, ResumableDistributedSampler, Sample, SyntheticClassification, SyntheticTokens
+from reference_impl.data import Batch, ResumableDistributedSampler, Sample
 from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
 from reference_impl.experts import take_stats
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
-from reference_impl.model import build_model
-from reference_impl.parallel import dims_of, wrap_model
+from reference_impl.model import build_model, spec_of
+from reference_impl.parallel import dims_of, parallelize
 from reference_impl.pipeline import build_pipeline
 from reference_impl.state import TrainState, state_digest
 from reference_impl.step import build_optimizer, build_scaler, build_scheduler, pipeline_train_step, train_step
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
-    """The synthetic dataset that matches `cfg.model`, generated from `cfg.seed`."""
-    if cfg.model == "mlp":
-        return SyntheticClassification(cfg.dataset_size, cfg.input_dim, cfg.num_classes, cfg.seed)
-    return SyntheticTokens(cfg.dataset_size, cfg.seq_len, cfg.vocab_size, cfg.seed)
+    """The synthetic dataset of `cfg.model` (its spec's), generated from `cfg.seed`."""
+    return spec_of(cfg).dataset(cfg)
 
 
 def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
@@ -65,7 +63,7 @@ def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
                         num_workers=cfg.num_workers, pin_memory=ctx.device.type == "cuda",
                         generator=torch.Generator().manual_seed(cfg.seed + dp_rank),
                         worker_init_fn=loader_worker_init)
-    model = wrap_model(build_model(cfg), cfg, ctx, mesh)  # under pipeline parallel: this rank's stage
+    model = parallelize(build_model(cfg), mesh, cfg, ctx)  # under pipeline parallel: this rank's stage
     pipeline = build_pipeline(model, mesh.device_mesh["pp"], cfg, ctx.device) if mesh.pp > 1 else None
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),

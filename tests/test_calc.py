@@ -17,8 +17,7 @@ from torch import nn
 
 from reference_impl import calc
 from reference_impl.config import TrainConfig
-from reference_impl.model import MLP, TinyTransformer, build_model, flops_per_sample
-from reference_impl.pipeline import Stage
+from reference_impl.model import MLP, Stage, TinyTransformer, build_model, flops_per_sample
 
 GB = 1e9
 # A 7B-class transformer shape (the playbook's activation example).

@@ -14,7 +14,7 @@ from reference_impl.distributed import DistContext
 from reference_impl.launch import parse_events
 from reference_impl.metrics import EventLog
 from reference_impl.model import build_model
-from reference_impl.parallel import dims_of, wrap_model
+from reference_impl.parallel import dims_of, parallelize
 from reference_impl.state import state_digest
 from reference_impl.train import train
 
@@ -76,7 +76,7 @@ def test_compiled_training_matches_eager_resumes_exactly_and_shares_its_checkpoi
 def test_compile_keeps_parameter_names_and_hooks_outside_the_compiled_code() -> None:
     cfg = TrainConfig(**TINY, compile=True)
     eager_names = list(build_model(TrainConfig(**TINY)).state_dict())
-    model = wrap_model(build_model(cfg), cfg, DistContext(), dims_of(cfg))
+    model = parallelize(build_model(cfg), dims_of(cfg), cfg, DistContext())
     assert list(model.state_dict()) == eager_names, "no _orig_mod. prefix: checkpoints stay portable"
     block = model.get_submodule("blocks.0")
     assert hasattr(block.forward, "_torchdynamo_orig_callable"), "the block's forward is the compiled one"

@@ -19,7 +19,7 @@ from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext, distributed
 from reference_impl.launch import parse_events
 from reference_impl.metrics import PHASES, EventLog
-from reference_impl.model import flops_per_sample
+from reference_impl.model import spec_of
 from reference_impl.state import TrainState
 from reference_impl.train import train
 
@@ -71,7 +71,7 @@ def measured_training(cfg: TrainConfig, ctx: DistContext, peak_flops: float | No
     The first log window (CUDA context, kernel selection, allocator growth) is left
     out. Throughput is the harmonic mean of the later windows' samples/s weighted by
     their steps (total samples over total time); tokens/s is that times `seq_len`.
-    MFU is `flops_per_sample(cfg)` x samples/s over (world size x `peak_flops`):
+    MFU is the model spec's `flops_per_sample(cfg)` x samples/s over (world size x `peak_flops`):
     6 x matmul parameters per token plus the attention term, training FLOPs that do
     not count activation recomputation. Phases are the `phase_s` of those windows per step.
 
@@ -96,7 +96,7 @@ def measured_training(cfg: TrainConfig, ctx: DistContext, peak_flops: float | No
     samples_per_s = statistics.harmonic_mean([e["samples_per_s"] for e in windows], weights=weights)
     phase_ms = {name: round(1e3 * sum(e["phase_s"].get(name, 0.0) for e in windows) / sum(weights), 3)
                 for name in PHASES}
-    mfu = flops_per_sample(cfg) * samples_per_s / (ctx.world_size * peak_flops) if peak_flops else None
+    mfu = spec_of(cfg).flops_per_sample(cfg) * samples_per_s / (ctx.world_size * peak_flops) if peak_flops else None
     params = sum(p.numel() for p in state.model.parameters())  # an FSDP DTensor counts its global size
     return state, {
         "tokens_per_s": round(samples_per_s * cfg.seq_len, 1),
@@ -162,7 +162,7 @@ def gpu(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
         record = report("gpu", ["strategy", "tokens/s", "MFU", "peak GiB", *(f"{p} ms" for p in PHASES), "loss"],
                         rows, {
             "device_name": device_name, "peak_bf16_flops": peak, "world_size": ctx.world_size, **runs,
-            "checkpoint_stall": stall, "flops_per_sample": flops_per_sample(cfg), "seq_len": cfg.seq_len,
+            "checkpoint_stall": stall, "flops_per_sample": spec_of(cfg).flops_per_sample(cfg), "seq_len": cfg.seq_len,
             "global_batch_size": cfg.global_batch_size, "steps": cfg.max_steps, "config_digest": cfg.digest(),
         })
         # A speed benchmark: 60 steps at this vocabulary barely move the loss (tests/test_gpu.py

@@ -18,8 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from launch import Run, python_module, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.export import export
-from reference_impl.model import build_model
-from reference_impl.pipeline import Stage, stage_layers
+from reference_impl.model import Stage, build_model, stage_layers
 from reference_impl.state import _update, full_state, merge_stages
 from sample_logs import assert_trained_once_in_order, losses, rank_log
 
