@@ -7,7 +7,7 @@ world size and rank layout; the mode does the arithmetic). So a snippet runs as 
 with every shape at 64, in seconds, and each rank's result is compared with one device.
 
 Run here, each rank within 1e-6 of one device:
-- `model.py:tp_plan` applied by `tensor_parallel.py:parallelize` (tensor parallel with
+- `model.py:tp_plan` applied by `tensor_parallel.py:apply_plan` (tensor parallel with
   sequence-parallel norms, on the parallelism page): logits and every gradient.
 - `mesh.py:axes` through `ParallelDims` and the `parallel.py:registry` entry for tensor
   parallel: on a 2 x 4 (data x tensor) mesh each tensor-parallel group reads one data shard.
