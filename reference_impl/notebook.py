@@ -525,6 +525,7 @@ def train(cfg: Config) -> dict:
 
 # --8<-- [start:run]
 # Cell 10: run it. As a script the flags apply; in a notebook the Config defaults do.
+import gc
 import sys
 
 
@@ -534,7 +535,9 @@ def run(argv: list[str] | None = None) -> dict:
     except ValueError as exc:  # one line on stderr and exit status 2, not a traceback
         print(f"interview trainer: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    return train(cfg)
+    result = train(cfg)
+    gc.collect()  # DDP's reference cycles keep the gloo group alive; freed during shutdown, it can abort
+    return result
 
 
 if __name__ == "__main__":  # true for a script and in a notebook; false on import

@@ -1,7 +1,8 @@
-"""How a finished worker leaves: why the trainer skips interpreter finalization, and that
-skipping it loses no output.
+"""How a finished worker leaves: why the trainer skips interpreter finalization, that
+skipping it loses no output, and that the interview trainer, which cannot skip it, frees
+its group first.
 
-Both run in a subprocess: the first leaves a process group alive on purpose, which must
+Each runs in a subprocess: the first leaves a process group alive on purpose, which must
 not happen in the pytest worker itself.
 """
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
-from launch import REPO
+import pytest
+
+from launch import REPO, torchrun
 
 GROUP_OUTLIVES_DESTROY = textwrap.dedent("""
     import gc, os, weakref
@@ -31,6 +35,24 @@ GROUP_OUTLIVES_DESTROY = textwrap.dedent("""
     gc.collect()
     print("alive" if group() is not None else "freed", flush=True)
     os._exit(0)
+""")
+
+
+INTERVIEW_TRAINER_LEAVES = textwrap.dedent("""
+    import sys, weakref
+    import torch.distributed as dist
+    sys.path.insert(0, sys.argv.pop(1))
+    from reference_impl import notebook as nb
+
+    groups = []
+    init_ranks = nb.init_ranks
+    def recording(cfg):
+        ranks = init_ranks(cfg)
+        groups.append(weakref.ref(dist.group.WORLD))
+        return ranks
+    nb.init_ranks = recording
+    nb.run()
+    print("alive" if groups[0]() is not None else "freed", flush=True)
 """)
 
 
@@ -60,3 +82,18 @@ def test_exit_process_flushes_both_streams_and_keeps_the_status() -> None:
     assert done.returncode == 3
     assert done.stdout == '{"event": "run_complete"}\n'
     assert done.stderr == "last words"
+
+
+@pytest.mark.distributed
+def test_the_interview_trainer_frees_its_gloo_group_before_the_interpreter_shuts_down(tmp_path: Path) -> None:
+    """The interview trainer cannot skip finalization the way the package does (`os._exit`
+    would end a notebook's kernel), so `run` collects garbage before it returns: DDP's
+    reference cycles hold the gloo group, and a group first freed during interpreter
+    shutdown sometimes aborts a run that finished (SIGABRT, torchrun reports it failed).
+    Without the collection both ranks print "alive"."""
+    script = tmp_path / "leaves.py"
+    script.write_text(INTERVIEW_TRAINER_LEAVES)
+    done = torchrun([str(REPO), "--max-steps", "2", "--global-batch-size", "64", "--micro-batch-size", "16",
+                     "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0"], module=str(script))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line for line in done.stdout.splitlines() if not line.startswith("{")] == ["freed", "freed"]
