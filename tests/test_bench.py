@@ -186,3 +186,24 @@ def test_peers_bench_observes_the_guarantees_of_each_save(tmp_path) -> None:
     found = {name: guarantees(s, tmp_path) for name, s in savers(trained_state(cfg, DistContext()), cfg).items()}
     assert found["ours"] == {"fsync": True, "atomic": True, "verified": True}
     assert found["raw"] == {"fsync": False, "atomic": False, "verified": False}
+
+
+def test_fp8_bench_reports_each_size_with_ratios_from_its_own_timings() -> None:
+    """On a CPU the fp8 matmul is an emulation: the report runs and says so, and makes no
+    speed claim; the ratios are bf16 / fp8 of the same run's medians."""
+    run = launch.python_module(["fp8", "--sizes", "16,32", "--tokens", "32", "--iters", "1", "--rounds", "1"],
+                               timeout=120, module="reference_impl.bench")
+    result = last_json(run, "fp8")
+    assert result["device"].startswith("cpu (emulated")
+    assert [c["k"] for c in result["cases"]] == [16, 32]
+    for case in result["cases"]:
+        ms = case["ms"]
+        assert_ratio(case["matmul_speedup"], ms["matmul bf16"], ms["matmul fp8"])
+        assert_ratio(case["layer_speedup"], ms["layer bf16"], ms["layer fp8"])
+
+
+def test_fp8_bench_refuses_a_size_the_gpu_kernel_cannot_take() -> None:
+    run = launch.python_module(["fp8", "--sizes", "24"], timeout=60, module="reference_impl.bench")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1] == ("reference_impl.bench fp8: error: --tokens and every size must be "
+                                                   "multiples of 16; --iters and --rounds at least 1")

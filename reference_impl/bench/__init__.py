@@ -14,6 +14,7 @@ scripts read (`{"benchmark": NAME, ...}`).
     python -m reference_impl.bench gpu --nproc 1
     python -m reference_impl.bench peers       # needs pip install -e ".[peers]"
     python -m reference_impl.bench compile
+    python -m reference_impl.bench fp8 --compile   # on a GPU with FP8 tensor cores
 
 A benchmark registered with `nproc` (`async`, `pipeline`, `gpu`) runs once per rank under
 torchrun. Started with plain `python -m`, it relaunches itself as
@@ -30,7 +31,7 @@ import subprocess
 import sys
 
 # Importing a benchmark module registers it.
-from reference_impl.bench import async_save, checkpoint, compile_speed, gpu, overhead, peers, pipeline  # noqa: F401
+from reference_impl.bench import async_save, checkpoint, compile_speed, fp8_speed, gpu, overhead, peers, pipeline  # noqa: F401,E501
 from reference_impl.bench.checkpoint import recovery_times
 from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, report
 from reference_impl.config import ConfigError, TrainConfig
