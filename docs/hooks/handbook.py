@@ -39,7 +39,7 @@ SECTION = re.compile(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<--
 MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
 ALL_IN_ONE = "reference/all-in-one.md"
 HEADERLINK = re.compile(r'<a class="headerlink" href="#[^"]*" title="Permanent link">[^<]*</a>')
-TABLE_MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")  # expanded by docs/hooks/tables.py
+TABLE_MARK = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->")  # expanded by docs/hooks/tables.py
 SELF_TEST_MARK = "<!-- self-test -->"
 QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
 DECK_PATH = "interview/hard-questions.apkg"

@@ -11,6 +11,8 @@
   `docs/data/`, with the torch version and the date of the run;
 * `gpu`: `python -m reference_impl.bench gpu` on a real GPU (`docs/data/gpu.json`, the JSON
   lines of its runs), eager, compiled and compiled in float8, with the device and versions;
+* `gpu_fp8`: `python -m reference_impl.bench fp8` on a real GPU (`docs/data/gpu_fp8.json`):
+  a float8 linear against bf16 by size, eager and compiled, and the bare matmuls' ratio;
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
   data file the `pipeline` plot beside it draws (`hooks/plots.py`), so table and plot
   always show the same run.
@@ -30,7 +32,7 @@ from reference_impl.plan import Plan, best_per_mesh, search
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
-MARK = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->")
+MARK = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->")
 RANKED_ROWS = 6
 LANDMARKS = {"64x1x1x1": "DDP", "8x8x1x1": "HSDP, shard in a node", "1x64x1x1": "FSDP2",
              "1x4x16x1": "TP 16 + FSDP2", "1x8x8x1": "TP 8 + FSDP2", "1x1x8x8": "TP 8 + PP 8"}
@@ -131,6 +133,24 @@ def gpu() -> str:
     return "\n".join(rows)
 
 
+def gpu_fp8() -> str:
+    """The `bench fp8` run of `docs/data/gpu_fp8.json`: per size, the layer's and the matmul's speed-up."""
+    record = json.loads((DATA / "gpu_fp8.json").read_text(encoding="utf-8"))
+    rows = ["| K | bf16 ms | FP8 ms | FP8 speed-up | Compiled: bf16 ms | FP8 ms | FP8 speed-up "
+            "| Bare matmul speed-up |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in record["data"]["cases"]:
+        ms = c["ms"]
+        rows.append(f"| {c['k']:,} | {ms['layer bf16']:.2f} | {ms['layer fp8']:.2f} | {c['layer_speedup']:.2f}x "
+                    f"| {ms['layer bf16 compiled']:.2f} | {ms['layer fp8 compiled']:.2f} "
+                    f"| {c['layer_speedup_compiled']:.2f}x | {c['matmul_speedup']:.2f}x |")
+    data = record["data"]
+    rows.append(f"\nOne K x K linear layer, forward and backward of {data['tokens']:,} tokens under bf16 autocast; "
+                f"median of {data['rounds']} rounds of {data['iters']} passes; speed-up is bf16 time over FP8 time. "
+                f"torch {record['torch']}, {record['device']}, {record['date']}, commit {record['commit']}. "
+                f"Regenerate with `{record['command']}`.")
+    return "\n".join(rows)
+
+
 def memory_grid() -> str:
     """The grid at Llama-2 and Llama-3 shapes (`docs/data/memory_grid.json`)."""
     return _memory_grid("memory_grid")
@@ -143,7 +163,7 @@ def memory_grid_reduced() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
-                                        "pipeline_bubble": pipeline_bubble, "gpu": gpu}
+                                        "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_fp8": gpu_fp8}
 
 
 def table(name: str) -> str:

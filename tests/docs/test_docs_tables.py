@@ -76,11 +76,11 @@ def _computed_tables() -> dict[str, str]:
 
 def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> None:
     marks = {m["name"] for page in support.markdown_files()
-             for m in re.finditer(r"<!-- table: (?P<name>[a-z_]+) -->", page.read_text(encoding="utf-8"))}
+             for m in re.finditer(r"<!-- table: (?P<name>[a-z0-9_]+) -->", page.read_text(encoding="utf-8"))}
     assert marks == set(_computed_tables())
 
 
-@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble", "gpu"])
+@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble", "gpu", "gpu_fp8"])
 def test_computed_tables_are_well_formed(name: str) -> None:
     assert table_problems(_computed_tables()[name].splitlines(), name) == []
 
@@ -110,7 +110,7 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu"
+    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_fp8"
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -178,3 +178,24 @@ def test_the_gpu_table_is_the_committed_run() -> None:
     eager, compiled = runs["eager"]["ddp"], runs["compile"]["ddp"]
     assert f"{compiled['tokens_per_s']:,.0f} against {eager['tokens_per_s']:,.0f} tokens per second" in page
     assert f"{eager['peak_memory_gib']:.2f} GiB" in page
+
+
+def test_the_fp8_table_is_the_committed_run_and_the_prose_reads_it() -> None:
+    """Each size of `docs/data/gpu_fp8.json` is a row; the page's claims are the file's:
+    the bare matmul's gain grows with K, eager FP8 loses at every size, compiled FP8 wins
+    from the size the page names."""
+    record = json.loads((support.DOCS / "data" / "gpu_fp8.json").read_text(encoding="utf-8"))
+    cases = {c["k"]: c for c in record["data"]["cases"]}
+    table = _computed_tables()["gpu_fp8"]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+    assert [int(row.split(" | ")[0].strip("| ").replace(",", "")) for row in rows] == list(cases)
+    assert f"torch {record['torch']}" in table and record["device"] in table
+    sizes = sorted(cases)
+    assert [cases[k]["matmul_speedup"] for k in sizes] == sorted(cases[k]["matmul_speedup"] for k in sizes)
+    assert all(c["layer_speedup"] < 1 for c in cases.values())
+    assert [k for k in sizes if cases[k]["layer_speedup_compiled"] > 1] == [4096, 8192]
+    page = " ".join((support.DOCS / "reference" / "benchmarks.md").read_text(encoding="utf-8").split())
+    for figure in (f"{cases[1024]['matmul_speedup']:.2f}x at K = 1,024", f"{cases[8192]['matmul_speedup']:.2f}x at 8,192",
+                   f"({cases[4096]['layer_speedup_compiled']:.2f}x)", f"by {cases[8192]['layer_speedup_compiled']:.2f}x",
+                   f"{cases[1024]['layer_speedup']:.2f}x at K = 1,024", f"still {cases[8192]['layer_speedup']:.2f}x"):
+        assert figure in page, figure
