@@ -270,15 +270,36 @@ def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
     The ep ranks read the same samples, so each expert receives every token once from each
     of the ep ranks: its weight gradient is the sum of ep equal copies, and is divided by ep.
     The rest of the model is replicated; its gradients are averaged over the ep ranks,
-    which keeps the copies equal bit for bit.
+    which keeps the copies equal bit for bit. That average is one all-reduce of a flat
+    buffer per backward, queued to run when the backward ends (as DDP buckets), not one
+    collective per parameter.
     """
     ep = dist.get_world_size(group)
+    replicated = [p for p in model.parameters() if not isinstance(p, DTensor) and p.requires_grad]
+    queued = False
+
+    def average_replicated() -> None:  # runs once, after the last gradient of this backward
+        nonlocal queued
+        queued = False
+        grads = [p.grad for p in replicated if p.grad is not None]
+        for dtype in dict.fromkeys(g.dtype for g in grads):  # one buffer per dtype, in the same order on every rank
+            same = [g for g in grads if g.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in same])
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
+            for g, averaged in zip(same, flat.split([g.numel() for g in same]), strict=True):
+                g.copy_(averaged.view_as(g))
+
+    def queue_average(_: torch.Tensor) -> None:
+        nonlocal queued
+        if not queued:
+            queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(average_replicated)
+
     for param in model.parameters():
         if isinstance(param, DTensor):  # this rank's experts
             param.register_hook(lambda grad: grad / ep)
-        else:
-            param.register_post_accumulate_grad_hook(
-                lambda p: dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=group))
+        elif param.requires_grad:
+            param.register_post_accumulate_grad_hook(queue_average)
 # --8<-- [end:sync_gradients]
 
 

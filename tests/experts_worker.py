@@ -14,6 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from reference_impl import experts
 from reference_impl.experts import MoE, shard_experts
 
 HIDDEN, FFN, TOKENS = 8, 16, 16  # tokens per rank
@@ -59,6 +63,42 @@ def balance(block: MoE) -> None:
         block.router.weight.fill_diagonal_(1.0)
 
 
+class Tiny(nn.Module):
+    """A linear, an MoE block and a linear: replicated parameters on both sides of the experts."""
+
+    def __init__(self, n_experts: int) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(HIDDEN, HIDDEN), nn.Linear(HIDDEN, HIDDEN)
+        self.moe = MoE(HIDDEN, FFN, n_experts, top_k=2, capacity_factor=2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, aux_loss, _ = self.moe(self.inp(x))
+        return self.out(h).sum() + aux_loss
+
+
+def gradient_sync(world_size: int) -> dict[str, Any]:
+    """Two backward passes of `Tiny` under the trainer's expert parallel (`experts.wrap`),
+    counting the all-reduces that `sync_gradients` issues; the same tokens on every rank."""
+    torch.manual_seed(0)
+    model = experts.wrap(Tiny(2 * world_size), init_device_mesh("cpu", (world_size,)), None)  # type: ignore[arg-type]
+    count, real = [0], dist.all_reduce
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_reduce = counting  # type: ignore[assignment] - the module calls it through dist
+    try:
+        x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(7))
+        for _ in range(2):  # two micro-batches: gradients accumulate
+            model(x).backward()
+    finally:
+        dist.all_reduce = real
+    replicated = {n: p.grad for n, p in model.named_parameters() if n.split(".")[0] in ("inp", "out")}
+    return {"all_reduces": count[0], "replicated": replicated,
+            "router": model.moe.router.weight.grad}
+
+
 def ep_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Run every case on this rank's tokens with its slice of the experts; save the outputs,
     the gradients (the router's summed over the ranks, as data parallel would) and every
@@ -94,6 +134,7 @@ def ep_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
             results[case] = {"out": out.detach(), "aux_loss": aux_loss.detach(), "dropped": dropped,
                              "router": block.router.weight.grad, "w1": block.w1.grad, "w2": block.w2.grad, "x": x.grad,
                              "calls": list(calls)}
+        results["gradient_sync"] = gradient_sync(world_size)
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.all_to_all_single = real

@@ -119,6 +119,21 @@ def test_all_to_all_bytes_equal_the_calculator(ranks: tuple[int, list[dict[str, 
         assert saved[rank][case]["dropped"] == 0
 
 
+def test_replicated_gradients_are_averaged_by_one_all_reduce_per_backward(
+        ranks: tuple[int, list[dict[str, Any]]]) -> None:
+    """`sync_gradients` averages every parameter outside the experts (here 4 of them, and
+    the router) in one flat all-reduce queued for the end of each backward, as DDP's
+    buckets do, not one collective per parameter; the replicas stay equal bit for bit."""
+    _, saved = ranks
+    syncs = [rank["gradient_sync"] for rank in saved]
+    assert [s["all_reduces"] for s in syncs] == [2] * len(saved), "two backward passes, one all-reduce each"
+    for s in syncs[1:]:
+        assert s["replicated"].keys() == syncs[0]["replicated"].keys() and len(s["replicated"]) == 4
+        for name, grad in s["replicated"].items():
+            assert torch.equal(grad, syncs[0]["replicated"][name]), name
+        assert torch.equal(s["router"], syncs[0]["router"])
+
+
 @pytest.fixture(scope="module")
 def ep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
     """An uninterrupted `--ep-degree 2` run of 10 steps on 2 ranks (checkpoints at 5 and 10),
