@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 from reference_impl.data import Sample, SyntheticClassification, SyntheticTokens
-from reference_impl.experts import ExpertsMLP
+from reference_impl.experts import TOP_K, ExpertsMLP
 from reference_impl.fp8 import swap_linears
 from reference_impl.spec import ModelSpec
 
@@ -225,9 +225,15 @@ def transformer_flops(cfg: TrainConfig) -> float:
     """Training FLOPs per sample of the transformer: 6 x (matmul parameters) per token, plus attention.
 
     The attention term is 12 x n_layers x d_model x seq_len per token (QK^T and AV,
-    forward and backward), the usual dense-transformer accounting.
+    forward and backward), the usual dense-transformer accounting. With `--n-experts`
+    a token passes through its top-k experts and the router: the FLOPs the model needs,
+    not the empty capacity slots the block also multiplies, nor the repeats of expert
+    parallel's same-sample ranks.
     """
-    per_block = 4 * cfg.d_model ** 2 + 2 * cfg.d_model * cfg.hidden_dim
+    mlp = 2 * cfg.d_model * cfg.hidden_dim
+    if cfg.n_experts:
+        mlp = min(TOP_K, cfg.n_experts) * mlp + cfg.d_model * cfg.n_experts
+    per_block = 4 * cfg.d_model ** 2 + mlp
     matmul = cfg.n_layers * per_block + cfg.d_model * cfg.vocab_size
     attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
     return (6.0 * matmul + attention) * cfg.seq_len

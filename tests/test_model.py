@@ -50,3 +50,19 @@ def test_flops_per_sample_counts_six_flops_per_weight_per_token() -> None:
                         if p.dim() == 2 and not n.startswith(("embed", "pos")))
     attention = 12 * tcfg.n_layers * tcfg.d_model * tcfg.seq_len
     assert flops_per_sample(tcfg) == (6 * matmul_params + attention) * tcfg.seq_len
+
+
+@pytest.mark.parametrize("n_experts", [1, 4])
+def test_flops_per_sample_under_moe_counts_the_experts_a_token_visits(n_experts: int) -> None:
+    """Each token runs through top-k of the experts (2, or 1 with one expert) and the router:
+    the stacked expert weights count k / n_experts of their size, everything else whole."""
+    cfg = TrainConfig(model="transformer", n_experts=n_experts)
+    active = 0.0
+    for name, p in build_model(cfg).named_parameters():
+        if name.endswith((".w1", ".w2")):  # (experts, in, out): a token visits k of them
+            active += p.numel() * min(2, n_experts) / n_experts
+        elif p.dim() == 2 and not name.startswith(("embed", "pos")):
+            active += p.numel()
+    attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
+    assert flops_per_sample(cfg) == (6 * active + attention) * cfg.seq_len
+    assert flops_per_sample(cfg) > flops_per_sample(TrainConfig(model="transformer")), "k experts and a router"
