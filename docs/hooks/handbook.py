@@ -39,6 +39,7 @@ SECTION = re.compile(r"^# --8<-- \[start:(?P<name>\w+)\]\n(?P<body>.*?)^# --8<--
 MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
 ALL_IN_ONE = "reference/all-in-one.md"
 HEADERLINK = re.compile(r'<a class="headerlink" href="#[^"]*" title="Permanent link">[^<]*</a>')
+LISTING = re.compile(r"(<pre><span></span>)<code>")  # a Pygments listing, as pymdownx.highlight writes it
 TABLE_MARK = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->")  # expanded by docs/hooks/tables.py
 SELF_TEST_MARK = "<!-- self-test -->"
 QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
@@ -309,11 +310,18 @@ def on_page_markdown(markdown: str, page: Any, config: Any, **_: Any) -> str:
 
 
 def on_page_content(html: str, page: Any, **_: Any) -> str:
-    """The all-in-one page drops its 150 headings' permanent links (a tenth of its weight on a
-    phone): the sections it inlines have their own pages, where the permanent links are."""
-    if page.file.src_uri != ALL_IN_ONE:
-        return html
-    return HEADERLINK.sub("", html)
+    """Every highlighted listing is a keyboard stop, and the all-in-one page drops its 150
+    headings' permanent links (a tenth of its weight on a phone): the sections it inlines
+    have their own pages, where the permanent links are.
+
+    A listing wider than the screen scrolls, and only a focusable one scrolls from the
+    keyboard. The theme adds the stop when it measures a listing, but it measures each one
+    only once it comes near the viewport (`content.lazy` in mkdocs.yml: measuring all of them
+    at load forced a layout of the whole page per listing); until then the stop comes from
+    here, and the theme removes it from a listing that turns out not to scroll.
+    """
+    html = LISTING.sub(r'\1<code tabindex="0">', html)
+    return HEADERLINK.sub("", html) if page.file.src_uri == ALL_IN_ONE else html
 
 
 def on_page_context(context: dict[str, Any], page: Any, **_: Any) -> dict[str, Any]:
