@@ -21,7 +21,8 @@ from dataclasses import dataclass, fields
 from typing import Any, get_args, get_type_hints
 
 from reference_impl.options.base import ConfigError, choices_of, class_field_docs, fail
-from reference_impl.options.model import ExpertOptions, ModelOptions, models_with
+from reference_impl.options.capabilities import models_with
+from reference_impl.options.model import ExpertOptions, ModelOptions
 from reference_impl.options.operations import (
     RESUMABLE_PARTS,
     SAVE_FAULTS,

@@ -14,7 +14,8 @@ import pytest
 from launch import REPO
 
 from reference_impl.config import COMPONENTS, ConfigError, TrainConfig, build_parser, field_docs
-from reference_impl.options.model import MODEL_CAPABILITIES, ExpertOptions, ModelOptions
+from reference_impl.options.capabilities import MODEL_CAPABILITIES
+from reference_impl.options.model import ExpertOptions, ModelOptions
 from reference_impl.options.operations import CheckpointOptions, FaultOptions, RuntimeOptions
 from reference_impl.options.parallel import ParallelOptions
 from reference_impl.options.training import OptimizerOptions, PrecisionOptions, RunOptions

@@ -23,7 +23,7 @@ from reference_impl import parallel, pipeline, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.model import MLP_SPEC, TRANSFORMER_SPEC, build_model
-from reference_impl.options.model import MODEL_CAPABILITIES
+from reference_impl.options.capabilities import MODEL_CAPABILITIES
 from reference_impl.spec import ModelSpec
 
 

@@ -5,7 +5,8 @@ the CLI's `--help` and its one-line errors must not pay for it.
 
 - `base`: `ConfigError`, the shared checks, and the reader of each field's docstring.
 - `parallel`: `ParallelOptions`, the wrapper and the degree of every mesh axis.
-- `model`: `ModelOptions`, `ExpertOptions`, and what each model can run with.
+- `capabilities`: what each model can run with, next to the names `--model` accepts.
+- `model`: `ModelOptions`, `ExpertOptions`.
 - `training`: `RunOptions`, `PrecisionOptions`, `OptimizerOptions`.
 - `operations`: `RuntimeOptions`, `CheckpointOptions`, `FaultOptions`.
 """

@@ -1,55 +1,18 @@
-"""The model's options, what each model can run with, and the mixture-of-experts options.
-
-`MODEL_CAPABILITIES` is the torch-free declaration the config checks ask instead of a model
-name; `tests/test_config.py` checks it against the specs in `reference_impl.model`, so the
-two cannot drift apart.
-"""
+"""The model's options and the mixture-of-experts options."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from reference_impl.options.base import Options, at_least, check_choices, fail, finite_non_negative
-
-
-# --8<-- [start:capabilities]
-@dataclass(frozen=True)
-class ModelCapabilities:
-    """What a model can run with; each False is a `ConfigError` for the flag that needs it."""
-
-    tensor_parallel: bool = False
-    """It has a tensor-parallel plan (`ModelSpec.tp_plan`)."""
-    pipeline: bool = False
-    """It can be cut into stages (`ModelSpec.pipeline_stage`)."""
-    context_parallel: bool = False
-    """Its attention can run as ring attention over a split sequence."""
-    experts: bool = False
-    """Its MLPs can become a mixture of experts."""
-    fp8: bool = False
-    """Its linears can be swapped for float8 ones."""
-    activation_checkpointing: bool = False
-    """It has repeated blocks to recompute (`ModelSpec.repeated_units`)."""
-
-
-MODEL_CAPABILITIES = {  # the --model names, in the order ModelOptions.model lists them
-    "mlp": ModelCapabilities(),
-    "transformer": ModelCapabilities(tensor_parallel=True, pipeline=True, context_parallel=True,
-                                     experts=True, fp8=True, activation_checkpointing=True),
-}
-
-
-def models_with(capability: str) -> str:
-    """The `--model` names that have `capability`, as a message names them."""
-    return " or ".join(name for name, caps in MODEL_CAPABILITIES.items() if getattr(caps, capability))
-# --8<-- [end:capabilities]
+from reference_impl.options.capabilities import MODEL_CAPABILITIES, ModelCapabilities, ModelName
 
 
 @dataclass(frozen=True)
 class ModelOptions(Options):
     """Which model to train and its shape."""
 
-    model: Literal["mlp", "transformer"] = "mlp"
+    model: ModelName = "mlp"
     """Which synthetic task and model to train."""
     input_dim: int = 32
     """MLP: input features."""
