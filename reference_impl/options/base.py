@@ -5,6 +5,7 @@ its own `validate`, which looks at its own fields only. `TrainConfig` inherits e
 component and runs each one's `validate` before the checks that span components.
 """
 
+# --8<-- [start:base]
 from __future__ import annotations
 
 import ast
@@ -91,3 +92,4 @@ def class_field_docs(cls: type) -> dict[str, str]:
                 and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
             docs[node.target.id] = str(nxt.value.value)
     return docs
+# --8<-- [end:base]
