@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, get_args, get_type_hints
 
+# --8<-- [end:imports]
+# --8<-- [start:package_imports]
 from reference_impl.options.base import ConfigError, choices_of, class_field_docs, fail
 from reference_impl.options.capabilities import models_with
 from reference_impl.options.model import ExpertOptions, ModelOptions
@@ -34,7 +36,8 @@ from reference_impl.options.operations import (
 from reference_impl.options.parallel import ParallelOptions
 from reference_impl.options.training import OptimizerOptions, PrecisionOptions, RunOptions
 
-# --8<-- [end:imports]
+# --8<-- [end:package_imports]
+
 
 __all__ = ["OPERATIONAL_FIELDS", "RESUMABLE_PARTS", "STRUCTURAL_FIELDS", "ConfigError", "TrainConfig",
            "build_parser", "field_docs"]
