@@ -23,6 +23,7 @@ from reference_impl import parallel, pipeline, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.model import MLP_SPEC, TRANSFORMER_SPEC, build_model
+from reference_impl.options.capabilities import MODEL_CAPABILITIES
 from reference_impl.spec import ModelSpec
 
 
@@ -89,3 +90,16 @@ def test_the_transformer_spec_names_its_blocks() -> None:
     model = build_model(cfg)
     assert TRANSFORMER_SPEC.repeated_units(model) == list(model.get_submodule("blocks"))
     assert MLP_SPEC.repeated_units(build_model(TrainConfig())) == []
+
+
+@pytest.mark.parametrize("name", list(models.SPECS))
+def test_the_declared_capabilities_agree_with_the_spec(name: str) -> None:
+    """The torch-free declaration the config checks and the spec the parallel code uses cannot drift."""
+    caps, spec = MODEL_CAPABILITIES[name], models.SPECS[name]
+    assert caps.tensor_parallel == (spec.tp_plan is not None)
+    assert caps.pipeline == (spec.pipeline_stage is not None)
+    assert caps.activation_checkpointing == bool(spec.repeated_units(spec.build(TrainConfig(model=name))))  # type: ignore[arg-type]
+
+
+def test_every_spec_declares_its_capabilities() -> None:
+    assert list(models.SPECS) == list(MODEL_CAPABILITIES)

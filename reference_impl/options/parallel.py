@@ -1,0 +1,135 @@
+"""The parallelism options: how the world's ranks form a mesh, checked on the degrees alone.
+
+What a degree needs from the model (a tensor-parallel plan, enough blocks, divisible
+widths) is checked by `TrainConfig`, which sees the model's options too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from reference_impl.options.base import Options, at_least, check_choices, fail
+
+
+@dataclass(frozen=True)
+class ParallelOptions(Options):
+    """The data-parallel wrapper and the degree of every mesh axis."""
+
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """How the data-parallel ranks wrap the model: DDP replicates it, FSDP2 shards it."""
+    dp_replicate: int = 1
+    """HSDP (--strategy fsdp): FSDP2 shards within groups of data-parallel size / dp_replicate
+    ranks and replicates across this many groups (gradients all-reduced between them)."""
+    tp_degree: int = 1
+    """Tensor-parallel ranks per model replica (transformer only): each splits every matmul
+    and reads the same samples; the world size must be a multiple of it."""
+    cp_degree: int = 1
+    """Context-parallel ranks per model replica (transformer, dropout 0): each holds 2 of
+    2 x cp_degree chunks of every sequence, ring attention passes keys and values between
+    them, and they read the same samples; the world size must be a multiple of it."""
+    ep_degree: int = 1
+    """Expert-parallel ranks (needs n_experts, a multiple of it, and the world size equal to it):
+    each holds n_experts / ep_degree experts, all-to-all sends it their tokens, and the ranks
+    read the same samples."""
+    pp_degree: int = 1
+    """Pipeline stages per model replica (transformer only): the blocks are cut into this many
+    consecutive stages, one per rank, and the ranks of one pipeline read the same samples."""
+    pp_microbatches: int = 0
+    """Pipeline micro-batches M each micro-batch is split into: at least pp_degree (0 means
+    pp_degree); more shrink each stage's idle share (pp_degree-1)/(M+pp_degree-1)."""
+    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    """Pipeline order: GPipe runs every forward, then every backward; 1F1B alternates them
+    once the pipeline is full, so fewer activations are held (the same idle share)."""
+    fsdp_grad_sync: Literal["last", "every"] = "last"
+    """FSDP with accumulation: reduce-scatter on the last micro-batch only (less traffic,
+    unsharded gradients held in memory) or on every micro-batch (sharded, more traffic)."""
+    world_size: int = 1
+    """Number of processes; read from torchrun's WORLD_SIZE, not a flag."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that read different samples: the world size over the tensor and pipeline degrees."""
+        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree * self.ep_degree)
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """Pipeline micro-batches per micro-batch: `pp_microbatches`, or `pp_degree` for 0."""
+        return self.pp_microbatches or self.pp_degree
+
+    def validate(self) -> None:
+        """Degrees that tile the world, and only the combinations that are tested together."""
+        check_choices(self, ParallelOptions)
+        at_least(self, 1, "world_size", "tp_degree", "pp_degree", "dp_replicate", "cp_degree", "ep_degree")
+        at_least(self, 0, "pp_microbatches")
+        if self.fsdp_grad_sync == "every" and self.strategy != "fsdp":
+            fail("fsdp_grad_sync every needs --strategy fsdp (DDP always syncs on the last micro-batch)")
+        self._check_tensor_parallel()
+        self._check_pipeline()
+        self._check_replicas()
+        self._check_context_parallel()
+        self._check_expert_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        """The mesh dp x tp must cover the world."""
+        if self.tp_degree == 1:
+            return
+        if self.world_size % self.tp_degree:
+            fail(f"tp_degree ({self.tp_degree}) must divide the world size ({self.world_size}): "
+                 "the ranks form a data-parallel x tensor-parallel mesh")
+        if self.strategy == "ddp" and self.data_parallel_size > 1:
+            fail("tensor parallel with more than one data-parallel rank needs --strategy fsdp "
+                 "(DDP does not wrap DTensor parameters)")
+
+    def _check_pipeline(self) -> None:
+        """The mesh pp x dp x tp must cover the world, with enough micro-batches to fill it."""
+        if self.pp_degree == 1:
+            if self.pp_microbatches > 1:
+                fail("pp_microbatches needs --pp-degree above 1")
+            return
+        if self.world_size % (self.pp_degree * self.tp_degree):
+            fail(f"pp_degree ({self.pp_degree}) x tp_degree ({self.tp_degree}) must divide the world size "
+                 f"({self.world_size}): the ranks form a pipeline x data-parallel x tensor-parallel mesh")
+        if self.tp_degree > 1:
+            fail("pp_degree and tp_degree cannot both be above 1: pipeline stages are not tensor-parallel here")
+        if self.strategy == "ddp" and self.data_parallel_size > 1:
+            fail("pipeline stages with more than one data-parallel rank need --strategy fsdp "
+                 "(torch's pipeline schedules break DDP's gradient buckets)")
+        if self.pipeline_microbatches < self.pp_degree:
+            fail(f"pp_microbatches ({self.pp_microbatches}) must be at least pp_degree ({self.pp_degree}): "
+                 "with fewer, some stage would idle for the whole step")
+
+    def _check_replicas(self) -> None:
+        """HSDP: whole replica groups of at least two FSDP2 shards each, and nothing else on the mesh."""
+        if self.dp_replicate == 1:
+            return
+        if self.strategy != "fsdp":
+            fail("dp_replicate above 1 needs --strategy fsdp (HSDP shards within each replica group)")
+        if self.data_parallel_size % self.dp_replicate:
+            fail(f"dp_replicate ({self.dp_replicate}) must divide the data-parallel size "
+                 f"({self.data_parallel_size}): every replica group holds the same number of shards")
+        if self.data_parallel_size == self.dp_replicate:
+            fail(f"dp_replicate ({self.dp_replicate}) equals the data-parallel size: each group would "
+                 "hold one unsharded copy, which is DDP (--strategy ddp)")
+        if self.tp_degree > 1 or self.pp_degree > 1:
+            fail("dp_replicate above 1 runs with tp_degree and pp_degree 1 (HSDP is tested on its own)")
+
+    def _check_context_parallel(self) -> None:
+        """The cp ranks tile the world; no other parallelism is combined with them here."""
+        if self.cp_degree == 1:
+            return
+        if self.world_size % self.cp_degree:
+            fail(f"cp_degree ({self.cp_degree}) must divide the world size ({self.world_size})")
+        if self.tp_degree > 1 or self.pp_degree > 1 or self.dp_replicate > 1:
+            fail("cp_degree above 1 runs with tp_degree, pp_degree and dp_replicate 1 "
+                 "(only data parallel is combined with it here)")
+
+    def _check_expert_parallel(self) -> None:
+        """Expert parallel as the whole mesh."""
+        if self.ep_degree == 1:
+            return
+        if self.world_size % self.ep_degree:
+            fail(f"ep_degree ({self.ep_degree}) must divide the world size ({self.world_size})")
+        if self.world_size != self.ep_degree:
+            fail(f"ep_degree ({self.ep_degree}) must equal the world size ({self.world_size}): "
+                 "expert parallel is not combined with data parallel here")
