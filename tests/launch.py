@@ -6,17 +6,25 @@ killed with all its descendants and the test fails with what the job printed.
 
 from __future__ import annotations
 
+import importlib
+import multiprocessing
+import os
+import signal
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
 
-from reference_impl.launch import LaunchTimeout, Run, descendants, free_port, kill_tree, run, torchrun_command
+from reference_impl.launch import (LaunchTimeout, Run, descendants, free_port, kill_tree, parse_events, run,
+                                   torchrun_command)
 
-__all__ = ["REPO", "Run", "alive", "descendants", "free_port", "kill_tree", "python_module", "run_command",
+__all__ = ["REPO", "Run", "alive", "descendants", "forked_ranks", "free_port", "kill_tree", "python_module", "run_command",
            "spawn", "torchrun", "train_ok"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,9 +71,16 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts
 
 
 def train_ok(args: list[str], ckpt: Path, *flags: str, nproc: int = 2, restarts: int = 0) -> Run:
-    """The trainer under torchrun with `args`, checkpoints in `ckpt` and `flags`; the job must succeed."""
-    run = torchrun([*args, "--checkpoint-dir", str(ckpt), *flags], nproc=nproc, max_restarts=restarts,
-                   timeout=180)
+    """The trainer with `args`, checkpoints in `ckpt` and `flags`; the job must succeed.
+
+    A job that torchrun may restart runs under torchrun; one uninterrupted job runs on
+    forked ranks (`forked_ranks`), which skips torchrun's agent and the imports of torch.
+    """
+    argv = [*args, "--checkpoint-dir", str(ckpt), *flags]
+    if restarts:
+        run = torchrun(argv, nproc=nproc, max_restarts=restarts, timeout=180)
+    else:
+        run = forked_ranks(argv, nproc=nproc, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
@@ -74,3 +89,89 @@ def python_module(args: list[str], timeout: float = 120, module: str = "referenc
                   env: dict[str, str] | None = None) -> Run:
     """Run `python -m module args` as a single process."""
     return run_command([sys.executable, "-m", module, *args], timeout, env)
+
+
+# What every forked rank starts with already imported: torch alone costs ~2 s per process,
+# and torch._dynamo (imported by the first optimizer step) ~2 s more.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "reference_impl.train", "launch"]
+_forkserver: ForkServerContext | None = None
+
+
+def _context() -> ForkServerContext:
+    """The forkserver of this test process, started on first use with one intra-op thread."""
+    global _forkserver
+    if _forkserver is None:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by torch's import in the server
+        _forkserver = multiprocessing.get_context("forkserver")
+        _forkserver.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return _forkserver
+
+
+def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """One rank: torchrun's environment, output to files, `module.main(argv)`, then `os._exit`.
+
+    The descriptors themselves are redirected, so C++ output (gloo, c10d) lands in the
+    files too. The process never returns into the forkserver's code.
+    """
+    status = 1
+    try:
+        os.environ.update(env)
+        for fd, path in ((1, out), (2, err)):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(target, fd)
+            os.close(target)
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        status = importlib.import_module(module).main(argv) or 0
+    except SystemExit as exc:  # argparse and friends
+        status = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dict[str, str] | None = None,
+                 module: str = "reference_impl.train") -> Run:
+    """Like `torchrun`, for one uninterrupted job: `nproc` ranks forked from a warm forkserver.
+
+    Each rank gets the environment torchrun would give it and calls `module.main(args)`
+    in a real gloo process group; only torchrun's agent is missing, so restarts, signals
+    to the agent and its own reporting need `torchrun`. A job costs a fork instead of
+    three interpreters importing torch. stdout and stderr are the ranks' in rank order;
+    the return code is 0 if every rank exited 0, else the first rank's nonzero status
+    (minus the signal number for a killed rank, as torchrun's `Popen` would show).
+    """
+    ctx, port = _context(), free_port()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        files = [(f"{tmp}/{rank}.out", f"{tmp}/{rank}.err") for rank in range(nproc)]
+        ranks = []
+        for rank in range(nproc):
+            rank_env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+                        "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0",
+                        "TORCHELASTIC_RUN_ID": f"forked-{port}", "PYTHONUNBUFFERED": "1", **(env or {})}
+            process = ctx.Process(target=_rank_main, args=(module, list(args), rank_env, *files[rank]), daemon=True)
+            process.start()
+            ranks.append(process)
+        deadline = time.monotonic() + timeout
+        for process in ranks:
+            process.join(max(0.0, deadline - time.monotonic()))
+        timed_out = any(process.exitcode is None for process in ranks)
+        if timed_out:
+            for process in ranks:
+                for pid in [*descendants(process.pid), process.pid]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                process.join(30)
+        stdout, stderr = ("".join(Path(f[i]).read_text(errors="replace") for f in files) for i in (0, 1))
+    if timed_out:
+        pytest.fail(f"forked ranks of {module} {' '.join(args)} timed out after {timeout:.0f}s\n"
+                    f"{stdout[-3000:]}\n{stderr[-5000:]}")
+    failed = [process.exitcode for process in ranks if process.exitcode]
+    return Run(failed[0] if failed else 0, stdout, stderr, time.perf_counter() - started, parse_events(stdout))
