@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # most others under one.
 SLOW_S, PROCESSES_S, QUICK_S = 12, 5, 1
 # Names by which a test module starts processes: the tests/launch.py helpers and the modules.
-STARTS_PROCESSES = {"subprocess", "mp", "multiprocessing", "run_command", "python_module", "spawn", "torchrun", "forked_ranks",
-                    "train_ok"}
+STARTS_PROCESSES = {"subprocess", "mp", "multiprocessing", "run_command", "python_module", "spawn", "torchrun",
+                    "forked_ranks", "train_ok"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

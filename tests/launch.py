@@ -21,11 +21,19 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from reference_impl.launch import (LaunchTimeout, Run, descendants, free_port, kill_tree, parse_events, run,
-                                   torchrun_command)
+from reference_impl.launch import (
+    LaunchTimeout,
+    Run,
+    descendants,
+    free_port,
+    kill_tree,
+    parse_events,
+    run,
+    torchrun_command,
+)
 
-__all__ = ["REPO", "Run", "alive", "descendants", "forked_ranks", "free_port", "kill_tree", "python_module", "run_command",
-           "spawn", "torchrun", "train_ok"]
+__all__ = ["REPO", "Run", "alive", "descendants", "forked_ranks", "free_port", "kill_tree", "python_module",
+           "run_command", "spawn", "torchrun", "train_ok"]
 
 REPO = Path(__file__).resolve().parents[1]
 

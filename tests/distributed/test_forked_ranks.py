@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from launch import alive, forked_ranks, torchrun
 
 pytestmark = pytest.mark.distributed
