@@ -96,9 +96,12 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], DriverRe
 
 @pytest.fixture(scope="module")
 def trained() -> Callable[[str], launch.Run]:
-    """Launch a TRAIN_RUNS entry (2 ranks, `reference_impl.train`) the first time it is needed."""
+    """Launch a TRAIN_RUNS entry (2 forked ranks, `reference_impl.train`) the first time it is needed.
+
+    The DRIVER runs stay under real torchrun, so the launcher path of a DDP job stays covered.
+    """
     def launch_train(name: str) -> launch.Run:
-        run = launch.torchrun([*LEARN, *TRAIN_RUNS[name]], nproc=2, timeout=90)
+        run = launch.forked_ranks([*LEARN, *TRAIN_RUNS[name]], nproc=2, timeout=90)
         assert run.returncode == 0, f"{name}: rc={run.returncode}\n{run.stderr[-5000:]}"
         return run
     return _cached(launch_train)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import python_module, torchrun
+from launch import forked_ranks, python_module
 from sample_logs import losses, rank_log
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -45,8 +45,8 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
 @pytest.mark.parametrize("plan", list(PLANS))
 def test_eight_ranks_train_like_one_process(plan: str, one_process: list[float], tmp_path: Path) -> None:
     flags, micro_batch, mesh = PLANS[plan]
-    run = torchrun([*COMMON, *flags, "--micro-batch-size", str(micro_batch), "--checkpoint-dir",
-                    str(tmp_path / "ckpt"), "--sample-log", str(tmp_path / "samples")], nproc=8, timeout=240)
+    run = forked_ranks([*COMMON, *flags, "--micro-batch-size", str(micro_batch), "--checkpoint-dir",
+                        str(tmp_path / "ckpt"), "--sample-log", str(tmp_path / "samples")], nproc=8, timeout=240)
     assert run.returncode == 0, run.stderr[-4000:]
     start = run.of("run_start")[0]
     assert start["mesh"] == mesh and start["global_batch_size"] == GLOBAL_BATCH
