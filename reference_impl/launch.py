@@ -123,13 +123,18 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def kill_tree(proc: subprocess.Popen) -> tuple[str, str]:
-    """SIGKILL a process, its group and all its descendants; return what they printed."""
-    for pid in [*descendants(proc.pid), proc.pid]:
+def kill_descendants(root: int) -> None:
+    """SIGKILL process `root` and every live descendant of it."""
+    for pid in [*descendants(root), root]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def kill_tree(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGKILL a process, its group and all its descendants; return what they printed."""
+    kill_descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

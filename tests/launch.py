@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from reference_impl.launch import (
     Run,
     descendants,
     free_port,
+    kill_descendants,
     kill_tree,
     parse_events,
     run,
@@ -161,7 +161,7 @@ def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dic
             rank_env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                         "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0",
-                        "TORCHELASTIC_RUN_ID": f"forked-{port}", "PYTHONUNBUFFERED": "1", **(env or {})}
+                        "TORCHELASTIC_RUN_ID": f"forked-{port}", **(env or {})}
             process = ctx.Process(target=_rank_main, args=(module, list(args), rank_env, *files[rank]), daemon=True)
             process.start()
             ranks.append(process)
@@ -171,11 +171,7 @@ def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dic
         timed_out = any(process.exitcode is None for process in ranks)
         if timed_out:
             for process in ranks:
-                for pid in [*descendants(process.pid), process.pid]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                kill_descendants(process.pid)
                 process.join(30)
         stdout, stderr = ("".join(Path(f[i]).read_text(errors="replace") for f in files) for i in (0, 1))
     if timed_out:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import REPO, Run, forked_ranks, python_module, torchrun
+from launch import REPO, Run, python_module, torchrun, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.export import export
@@ -30,14 +30,8 @@ ONE = ["--micro-batch-size", "16"]  # 1 rank x 16: the same global batch
 
 
 def fsdp_run(tmp: Path, *flags: str, nproc: int = 2, restarts: int = 0, steps: int = 20) -> Run:
-    """A 2-rank FSDP run; under torchrun only when it is to restart, else on forked ranks."""
-    argv = [*FSDP, *TWO, "--max-steps", str(steps), "--checkpoint-dir", str(tmp), *flags]
-    if restarts:
-        run = torchrun(argv, nproc=nproc, max_restarts=restarts, timeout=180)
-    else:
-        run = forked_ranks(argv, nproc=nproc, timeout=180)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return run
+    """A 2-rank FSDP run that must succeed (`train_ok`: under torchrun only when it is to restart)."""
+    return train_ok([*FSDP, *TWO, "--max-steps", str(steps)], tmp, *flags, nproc=nproc, restarts=restarts)
 
 
 @pytest.fixture(scope="module")
