@@ -6,9 +6,12 @@ killed with all its descendants and the test fails with what the job printed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing
+import multiprocessing.connection
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -81,14 +84,11 @@ def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts
 def train_ok(args: list[str], ckpt: Path, *flags: str, nproc: int = 2, restarts: int = 0) -> Run:
     """The trainer with `args`, checkpoints in `ckpt` and `flags`; the job must succeed.
 
-    A job that torchrun may restart runs under torchrun; one uninterrupted job runs on
-    forked ranks (`forked_ranks`), which skips torchrun's agent and the imports of torch.
+    It runs on forked ranks (`forked_ranks`), restarted up to `restarts` times as torchrun's
+    agent would, which skips the agent's and every rank's import of torch.
     """
-    argv = [*args, "--checkpoint-dir", str(ckpt), *flags]
-    if restarts:
-        run = torchrun(argv, nproc=nproc, max_restarts=restarts, timeout=180)
-    else:
-        run = forked_ranks(argv, nproc=nproc, timeout=180)
+    run = forked_ranks([*args, "--checkpoint-dir", str(ckpt), *flags], nproc=nproc, timeout=180,
+                       max_restarts=restarts)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
@@ -124,6 +124,9 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
     status = 1
     try:
         os.environ.update(env)
+        # A rank torchrun starts creates its DataLoader workers by fork, Linux's default;
+        # a forkserver's child would otherwise start another forkserver that imports torch.
+        multiprocessing.set_start_method("fork", force=True)
         for fd, path in ((1, out), (2, err)):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(target, fd)
@@ -142,40 +145,91 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
 
 
 def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dict[str, str] | None = None,
-                 module: str = "reference_impl.train") -> Run:
-    """Like `torchrun`, for one uninterrupted job: `nproc` ranks forked from a warm forkserver.
+                 module: str = "reference_impl.train", max_restarts: int = 0) -> Run:
+    """Like `torchrun`: `nproc` ranks forked from a warm forkserver, restarted as its agent would.
 
     Each rank gets the environment torchrun would give it and calls `module.main(args)`
-    in a real gloo process group; only torchrun's agent is missing, so restarts, signals
-    to the agent and its own reporting need `torchrun`. A job costs a fork instead of
-    three interpreters importing torch. stdout and stderr are the ranks' in rank order;
-    the return code is 0 if every rank exited 0, else the first rank's nonzero status
-    (minus the signal number for a killed rank, as torchrun's `Popen` would show).
+    in a real gloo process group. When a rank fails, its attempt ends as under torchrun's
+    agent: the other ranks get SIGTERM, then SIGKILL after `STOP_GRACE_S`, and up to
+    `max_restarts` new attempts start with `TORCHELASTIC_RESTART_COUNT` one higher (on a
+    fresh port, where torchrun's agent would prefix its store per attempt). What stays
+    torchrun's own (its agent's signals and its reporting) is tested under `torchrun`.
+    A rank costs a fork instead of an interpreter importing torch. stdout and stderr are
+    the ranks' in attempt and rank order; the return code is 0 if the last attempt
+    succeeded, else the first failed rank's status (minus the signal number for a killed
+    rank, as torchrun's `Popen` would show).
+    """
+    started, deadline = time.perf_counter(), time.monotonic() + timeout
+    outputs: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        for attempt in range(max_restarts + 1):
+            status, files = _attempt(module, args, nproc, attempt, env or {}, Path(tmp, str(attempt)), deadline)
+            outputs += [(_read(out), _read(err)) for out, err in files]
+            if status is None or status == 0:
+                break
+    stdout, stderr = ("".join(pair[i] for pair in outputs) for i in (0, 1))
+    if status is None:
+        pytest.fail(f"forked ranks of {module} {' '.join(args)} timed out after {timeout:.0f}s\n"
+                    f"{stdout[-3000:]}\n{stderr[-5000:]}")
+    return Run(status, stdout, stderr, time.perf_counter() - started, parse_events(stdout))
+
+
+def _read(path: str) -> str:
+    """What a rank wrote to `path`; empty if it was stopped before it opened the file."""
+    try:
+        return Path(path).read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+STOP_GRACE_S = 30.0  # torchrun's agent waits this long after SIGTERM before it sends SIGKILL
+
+
+def _attempt(module: str, args: list[str], nproc: int, attempt: int, env: dict[str, str], tmp: Path,
+             deadline: float) -> tuple[int | None, list[tuple[str, str]]]:
+    """One attempt of a forked job: its status (None if it outlived `deadline`) and output files.
+
+    The ranks are not daemons, because a rank's DataLoader starts worker processes; so
+    whatever ends this attempt (its end, the deadline, a test's own timeout) kills every
+    rank still alive, with its descendants, before it returns.
     """
     ctx, port = _context(), free_port()
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
-        files = [(f"{tmp}/{rank}.out", f"{tmp}/{rank}.err") for rank in range(nproc)]
-        ranks = []
+    tmp.mkdir()
+    files = [(f"{tmp}/{rank}.out", f"{tmp}/{rank}.err") for rank in range(nproc)]
+    ranks: list[multiprocessing.process.BaseProcess] = []
+    try:
         for rank in range(nproc):
             rank_env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
                         "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0",
-                        "TORCHELASTIC_RUN_ID": f"forked-{port}", **(env or {})}
-            process = ctx.Process(target=_rank_main, args=(module, list(args), rank_env, *files[rank]), daemon=True)
+                        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": str(attempt),
+                        "TORCHELASTIC_RUN_ID": f"forked-{port}", **env}
+            process = ctx.Process(target=_rank_main, args=(module, list(args), rank_env, *files[rank]))
             process.start()
             ranks.append(process)
-        deadline = time.monotonic() + timeout
+        return _wait(ranks, deadline), files
+    finally:
         for process in ranks:
-            process.join(max(0.0, deadline - time.monotonic()))
-        timed_out = any(process.exitcode is None for process in ranks)
-        if timed_out:
-            for process in ranks:
+            if process.exitcode is None:
                 kill_descendants(process.pid)
                 process.join(30)
-        stdout, stderr = ("".join(Path(f[i]).read_text(errors="replace") for f in files) for i in (0, 1))
-    if timed_out:
-        pytest.fail(f"forked ranks of {module} {' '.join(args)} timed out after {timeout:.0f}s\n"
-                    f"{stdout[-3000:]}\n{stderr[-5000:]}")
-    failed = [process.exitcode for process in ranks if process.exitcode]
-    return Run(failed[0] if failed else 0, stdout, stderr, time.perf_counter() - started, parse_events(stdout))
+
+
+def _wait(ranks: list[multiprocessing.process.BaseProcess], deadline: float) -> int | None:
+    """Wait for the ranks as torchrun's agent does: 0 when all succeed; at the first failure,
+    SIGTERM to the others and at most `STOP_GRACE_S` for them, then that failure's status.
+    None if no rank failed and some are still running at `deadline`."""
+    failed: int | None = None
+    stop_at = deadline
+    while (live := [p for p in ranks if p.exitcode is None]) and time.monotonic() < stop_at:
+        multiprocessing.connection.wait([p.sentinel for p in live], max(0.0, stop_at - time.monotonic()))
+        for process in ranks:
+            process.join(0)
+        if failed is None and (codes := [p.exitcode for p in ranks if p.exitcode]):
+            failed, stop_at = codes[0], min(deadline, time.monotonic() + STOP_GRACE_S)
+            for process in ranks:
+                if process.exitcode is None:
+                    with contextlib.suppress(ProcessLookupError):  # it may have died since the join
+                        os.kill(process.pid, signal.SIGTERM)
+    if failed is None and any(p.exitcode is None for p in ranks):
+        return None
+    return failed or 0

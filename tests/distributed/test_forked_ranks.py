@@ -1,8 +1,9 @@
-"""`forked_ranks`, the suite's fast launcher for one uninterrupted job, against torchrun:
-the same training, the same failure reporting, the same hard deadline."""
+"""`forked_ranks`, the suite's fast launcher, against torchrun: the same training, the same
+failure reporting, the same restarts after a kill, the same hard deadline."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,29 @@ def test_a_rank_that_fails_fails_the_job() -> None:
     run = forked_ranks(["exit", "1", "3"], module="rank_probe", timeout=60)
     assert run.returncode == 3
     assert "rank 1 fails on purpose" in run.stdout
+
+
+def test_a_failed_rank_stops_the_others_with_sigterm_and_the_job_restarts(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    run = forked_ranks(["crash-once", "1", "7", str(tmp_path / "a")], module="rank_probe", timeout=60,
+                       max_restarts=1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"rank 0 got signal {signal.SIGTERM.value}" in run.stdout, "the agent stops the survivors"
+    assert "rank 0 runs attempt 1" in run.stdout and "rank 1 runs attempt 1" in run.stdout
+    out_of_restarts = forked_ranks(["crash-once", "1", "7", str(tmp_path / "b")], module="rank_probe", timeout=60)
+    assert out_of_restarts.returncode == 7 and "attempt 1" not in out_of_restarts.stdout
+
+
+def test_a_killed_rank_resumes_exactly_as_under_torchrun(tmp_path: Path) -> None:
+    """The restart path the suite's kill tests take, against torchrun's agent with the same faults."""
+    flags = [*FLAGS, "--max-steps", "12", "--checkpoint-every", "5", "--fail-at-step", "8", "--fail-rank", "1"]
+    runs = [launch([*flags, "--checkpoint-dir", str(tmp_path / name)], max_restarts=1, timeout=120)
+            for name, launch in (("torchrun", torchrun), ("forked", forked_ranks))]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    restored = [[(e["step"], e["restart_count"]) for e in run.of("checkpoint_restored")] for run in runs]
+    assert restored[0] == restored[1] == [(5, 1)]
+    assert runs[0].digest() == runs[1].digest()
 
 
 def test_a_hung_rank_is_killed_at_the_deadline(tmp_path: Path) -> None:

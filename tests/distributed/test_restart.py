@@ -1,7 +1,11 @@
 """Restart safety under real faults: every killed run resumes to the uninterrupted state.
 
-Each test launches real `torchrun` jobs on gloo. The proof of exactness is the
-`state_digest` of `run_complete`: a sha256 over every parameter and optimizer tensor.
+Each test runs real gloo jobs. The proof of exactness is the `state_digest` of
+`run_complete`: a sha256 over every parameter and optimizer tensor. Two kill tests (a
+kill of rank 0, and three kills in one run) run under `torchrun` itself, which restarts the
+ranks; the other cases restart forked ranks exactly as torchrun's agent does
+(`launch.forked_ranks`, held equal to torchrun by tests/distributed/test_forked_ranks.py),
+so each case pays for its training and not for six interpreters importing torch.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import json
 
 import pytest
 
-from launch import Run, torchrun
+from launch import Run, forked_ranks, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -24,12 +28,17 @@ def reference_digest(flags: list[str], tmp_path_factory: pytest.TempPathFactory)
     key = tuple(flags)
     if key not in _REFERENCES:
         ckpt = tmp_path_factory.mktemp("reference")
-        _REFERENCES[key] = torchrun([*BASE, *flags, "--checkpoint-dir", str(ckpt)]).digest()
+        _REFERENCES[key] = forked_ranks([*BASE, *flags, "--checkpoint-dir", str(ckpt)]).digest()
     return _REFERENCES[key]
 
 
-def killed_run(flags: list[str], fault: list[str], ckpt: str, restarts: int = 1) -> Run:
-    run = torchrun([*BASE, *flags, *fault, "--checkpoint-dir", ckpt], max_restarts=restarts, timeout=180)
+# Cases whose kills torchrun's own agent restarts; the others restart forked ranks.
+UNDER_TORCHRUN = ("rank0_killed", "three_kills")
+
+
+def killed_run(flags: list[str], fault: list[str], ckpt: str, restarts: int = 1, under_torchrun: bool = False) -> Run:
+    launch = torchrun if under_torchrun else forked_ranks
+    run = launch([*BASE, *flags, *fault, "--checkpoint-dir", ckpt], max_restarts=restarts, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 
@@ -51,7 +60,7 @@ CASES = {
                                   for c in CASES])
 def test_sigkill_and_restart_is_bit_exact(case: str, tmp_path, tmp_path_factory) -> None:
     flags, fault = CASES[case]
-    run = killed_run(flags, fault, str(tmp_path))
+    run = killed_run(flags, fault, str(tmp_path), under_torchrun=case in UNDER_TORCHRUN)
     restored = run.of("checkpoint_restored")
     assert [e["step"] for e in restored] == [10], "resumed from the last checkpoint before the kill"
     assert restored[0]["restart_count"] == 1
@@ -61,7 +70,8 @@ def test_sigkill_and_restart_is_bit_exact(case: str, tmp_path, tmp_path_factory)
 
 @pytest.mark.slow
 def test_three_kills_in_one_run_are_bit_exact(tmp_path, tmp_path_factory) -> None:
-    run = killed_run([], ["--fail-at-step", "12,17,26", "--fail-rank", "1"], str(tmp_path), restarts=3)
+    run = killed_run([], ["--fail-at-step", "12,17,26", "--fail-rank", "1"], str(tmp_path), restarts=3,
+                     under_torchrun=True)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10, 10, 20]
     assert [e["restart_count"] for e in run.of("run_start")] == [0, 1, 2, 3]
     assert run.digest() == reference_digest([], tmp_path_factory)
