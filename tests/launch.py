@@ -94,9 +94,13 @@ def train_ok(args: list[str], ckpt: Path, *flags: str, nproc: int = 2, restarts:
 
 
 def python_module(args: list[str], timeout: float = 120, module: str = "reference_impl.train",
-                  env: dict[str, str] | None = None) -> Run:
-    """Run `python -m module args` as a single process."""
-    return run_command([sys.executable, "-m", module, *args], timeout, env)
+                  env: dict[str, str] | None = None, fresh: bool = False) -> Run:
+    """`python -m module args` as a single process: `module.main(args)` in a process forked
+    from the warm forkserver (`forked_ranks` without torchrun's environment), or with
+    `fresh` a new interpreter, for what only one shows (its imports, its start-up)."""
+    if fresh:
+        return run_command([sys.executable, "-m", module, *args], timeout, env)
+    return forked_ranks(args, nproc=1, timeout=timeout, env=env, module=module, torchrun_env=False)
 
 
 # What every forked rank starts with already imported: torch alone costs ~2 s per process,
@@ -116,7 +120,7 @@ def _context() -> ForkServerContext:
 
 
 def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err: str) -> None:
-    """One rank: torchrun's environment, output to files, `module.main(argv)`, then `os._exit`.
+    """One rank: its environment, output to files, `module.main(argv)`, then `os._exit`.
 
     The descriptors themselves are redirected, so C++ output (gloo, c10d) lands in the
     files too. The process never returns into the forkserver's code.
@@ -124,6 +128,7 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
     status = 1
     try:
         os.environ.update(env)
+        os.chdir(REPO)  # where `run_command` starts its processes
         # A rank torchrun starts creates its DataLoader workers by fork, Linux's default;
         # a forkserver's child would otherwise start another forkserver that imports torch.
         multiprocessing.set_start_method("fork", force=True)
@@ -134,8 +139,10 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         status = importlib.import_module(module).main(argv) or 0
-    except SystemExit as exc:  # argparse and friends
+    except SystemExit as exc:  # argparse and friends; a message, as the interpreter would, goes to stderr
         status = exc.code if isinstance(exc.code, int) else 1
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -145,7 +152,7 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
 
 
 def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dict[str, str] | None = None,
-                 module: str = "reference_impl.train", max_restarts: int = 0) -> Run:
+                 module: str = "reference_impl.train", max_restarts: int = 0, torchrun_env: bool = True) -> Run:
     """Like `torchrun`: `nproc` ranks forked from a warm forkserver, restarted as its agent would.
 
     Each rank gets the environment torchrun would give it and calls `module.main(args)`
@@ -157,13 +164,17 @@ def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dic
     A rank costs a fork instead of an interpreter importing torch. stdout and stderr are
     the ranks' in attempt and rank order; the return code is 0 if the last attempt
     succeeded, else the first failed rank's status (minus the signal number for a killed
-    rank, as torchrun's `Popen` would show).
+    rank, as torchrun's `Popen` would show). Without `torchrun_env` the ranks get only
+    `env`: one such rank is a plain single process.
     """
     started, deadline = time.perf_counter(), time.monotonic() + timeout
     outputs: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         for attempt in range(max_restarts + 1):
-            status, files = _attempt(module, args, nproc, attempt, env or {}, Path(tmp, str(attempt)), deadline)
+            port = free_port()
+            envs = [{**(_torchrun_env(rank, nproc, attempt, port) if torchrun_env else {}), **(env or {})}
+                    for rank in range(nproc)]
+            status, files = _attempt(module, args, envs, Path(tmp, str(attempt)), deadline)
             outputs += [(_read(out), _read(err)) for out, err in files]
             if status is None or status == 0:
                 break
@@ -185,7 +196,15 @@ def _read(path: str) -> str:
 STOP_GRACE_S = 30.0  # torchrun's agent waits this long after SIGTERM before it sends SIGKILL
 
 
-def _attempt(module: str, args: list[str], nproc: int, attempt: int, env: dict[str, str], tmp: Path,
+def _torchrun_env(rank: int, nproc: int, attempt: int, port: int) -> dict[str, str]:
+    """The environment torchrun gives `rank` of `nproc` on one node in restart `attempt`."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+            "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_RUN_ID": f"forked-{port}"}
+
+
+def _attempt(module: str, args: list[str], envs: list[dict[str, str]], tmp: Path,
              deadline: float) -> tuple[int | None, list[tuple[str, str]]]:
     """One attempt of a forked job: its status (None if it outlived `deadline`) and output files.
 
@@ -193,16 +212,12 @@ def _attempt(module: str, args: list[str], nproc: int, attempt: int, env: dict[s
     whatever ends this attempt (its end, the deadline, a test's own timeout) kills every
     rank still alive, with its descendants, before it returns.
     """
-    ctx, port = _context(), free_port()
+    ctx = _context()
     tmp.mkdir()
-    files = [(f"{tmp}/{rank}.out", f"{tmp}/{rank}.err") for rank in range(nproc)]
+    files = [(f"{tmp}/{rank}.out", f"{tmp}/{rank}.err") for rank in range(len(envs))]
     ranks: list[multiprocessing.process.BaseProcess] = []
     try:
-        for rank in range(nproc):
-            rank_env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-                        "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": str(attempt),
-                        "TORCHELASTIC_RUN_ID": f"forked-{port}", **env}
+        for rank, rank_env in enumerate(envs):
             process = ctx.Process(target=_rank_main, args=(module, list(args), rank_env, *files[rank]))
             process.start()
             ranks.append(process)
