@@ -226,9 +226,11 @@ def transformer_flops(cfg: TrainConfig) -> float:
 
     The attention term is 12 x n_layers x d_model x seq_len per token (QK^T and AV,
     forward and backward), the usual dense-transformer accounting. With `--n-experts`
-    a token passes through its top-k experts and the router: the FLOPs the model needs,
-    not the empty capacity slots the block also multiplies, nor the repeats of expert
-    parallel's same-sample ranks.
+    a token passes through its top-k experts and the router: the FLOPs the model needs
+    when no expert overflows (the block multiplies only the (token, expert) rows it keeps,
+    so each dropped one saves 12 x d_model x hidden_dim; tests/test_traces_certified.py
+    checks both against FlopCounterMode), not the repeats of expert parallel's
+    same-sample ranks.
     """
     mlp = 2 * cfg.d_model * cfg.hidden_dim
     if cfg.n_experts:

@@ -19,6 +19,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from reference_impl import calc, traces
 from reference_impl.config import TrainConfig
+from reference_impl.experts import MoE
 from reference_impl.memory_grid import Llama, Shape, fake_world, llama_params
 from reference_impl.model import build_model, flops_per_sample, loss_fn
 from reference_impl.tensor_parallel import parallelize
@@ -195,6 +196,23 @@ def test_training_flops_equal_flops_per_sample() -> None:
     tokens = torch.randint(0, cfg.vocab_size, (3, cfg.seq_len))
     got = traces.training_flops(build_model(cfg), lambda logits: loss_fn(logits, tokens), tokens)
     assert got == 3 * flops_per_sample(cfg)
+
+
+@pytest.mark.parametrize("n_experts", [1, 4])
+def test_moe_training_flops_equal_flops_per_sample_less_the_dropped_tokens(n_experts: int) -> None:
+    """With `--n-experts`, FlopCounterMode counts what `flops_per_sample` counts (top-k experts
+    per token and the router) less 12 x d_model x hidden_dim for every (token, expert)
+    assignment dropped over capacity: the block multiplies only the rows it keeps."""
+    cfg = TrainConfig(model="transformer", vocab_size=128, seq_len=64, d_model=64, n_layers=2, n_heads=4,
+                      hidden_dim=256, n_experts=n_experts)
+    model, tokens = build_model(cfg), torch.randint(0, cfg.vocab_size, (3, cfg.seq_len))
+    blocks = [m for m in model.modules() if isinstance(m, MoE)]
+    for block in blocks:  # a tight capacity, so that experts overflow and drop tokens
+        block.capacity_factor = 0.5 if n_experts > 1 else block.capacity_factor
+    got = traces.training_flops(model, lambda logits: loss_fn(logits, tokens), tokens)
+    dropped = sum(block.dropped for block in blocks)
+    assert got == 3 * flops_per_sample(cfg) - 12 * cfg.d_model * cfg.hidden_dim * dropped
+    assert (dropped > 0) is (n_experts > 1), "with several experts, the check covers drops"
 
 
 def test_llama_training_flops_equal_6nt_plus_attention() -> None:
