@@ -31,14 +31,14 @@ from __future__ import annotations
 # --8<-- [start:imports]
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
@@ -252,36 +252,46 @@ def take_stats(model: nn.Module) -> dict[str, float | int]:
 
 
 def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
-    """The trainer's expert parallel (`--ep-degree`): every MoE block keeps its slice of the
-    experts, as DTensors sharded on dim 0 over `mesh` (so a checkpoint saves each rank's
-    experts under the whole tensor's name), and `sync_gradients` fixes the gradients."""
+    """The trainer's expert parallel (`--ep-degree`) over the data-parallel ranks.
+
+    `mesh` is the 2-D (ep_replicate, ep) mesh of the data ranks (a 1-D one is all ep).
+    Every MoE block keeps its slice of the experts, as DTensors sharded on dim 0 over the
+    ep ranks and replicated over the ep_replicate ones (so a checkpoint saves each slice
+    once, under the whole tensor's name), and `sync_gradients` fixes the gradients.
+    """
+    ep_mesh = mesh["ep"] if mesh.ndim > 1 else mesh
+    replicas = mesh["ep_replicate"].get_group() if mesh.ndim > 1 and mesh.shape[0] > 1 else None
+    data = mesh._flatten().get_group() if mesh.ndim > 1 else mesh.get_group()
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, MoE):
-                setattr(parent, name, _sharded_block(child, mesh))
-    sync_gradients(model, mesh.get_group())
+                setattr(parent, name, _sharded_block(child, ep_mesh, mesh))
+    sync_gradients(model, ep_mesh.get_group(), data, replicas)
     return model
 
 
 # --8<-- [start:sync_gradients]
-def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
-    """Make the ep ranks' gradients those of one process holding every expert.
+def sync_gradients(model: nn.Module, ep_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
+                   replica_group: dist.ProcessGroup | None = None) -> None:
+    """Make the data ranks' gradients those of one process holding every expert and
+    training on their whole batch (the mean of the ranks' losses).
 
-    The ep ranks read the same samples, so each expert receives every token once from each
-    of the ep ranks: its weight gradient is the sum of ep equal copies, and is divided by ep.
-    The rest of the model is replicated; its gradients are averaged over the ep ranks,
-    which keeps the copies equal bit for bit. That average is one all-reduce of a flat
-    buffer per backward, queued to run when the backward ends (as DDP buckets), not one
-    collective per parameter.
+    Every data rank reads its own samples. The replicated parameters (everything outside
+    the experts, routers included) get gradients from this rank's tokens only; they are
+    averaged over `data_group`, all the data ranks, which also keeps the copies equal bit for
+    bit. An expert's gradient on its rank already sums the contributions of the tokens of
+    all ep ranks of `ep_group` (all-to-all carries them back), so it is divided by ep, then
+    averaged over `replica_group`, the ranks that hold the same experts (none when the ep
+    group is all the data ranks): sum / (ep x replicas) = sum / data ranks. Each average is
+    one all-reduce of a flat buffer per backward, queued to run when the backward ends (as
+    DDP buckets), not one collective per parameter.
     """
-    ep = dist.get_world_size(group)
+    ep = dist.get_world_size(ep_group)
     replicated = [p for p in model.parameters() if not isinstance(p, DTensor) and p.requires_grad]
+    sharded = [p for p in model.parameters() if isinstance(p, DTensor) and p.requires_grad]
     queued = False
 
-    def average_replicated() -> None:  # runs once, after the last gradient of this backward
-        nonlocal queued
-        queued = False
-        grads = [p.grad for p in replicated if p.grad is not None]
+    def average(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
         for dtype in dict.fromkeys(g.dtype for g in grads):  # one buffer per dtype, in the same order on every rank
             same = [g for g in grads if g.dtype == dtype]
             flat = torch.cat([g.reshape(-1) for g in same])
@@ -289,24 +299,34 @@ def sync_gradients(model: nn.Module, group: dist.ProcessGroup) -> None:
             for g, averaged in zip(same, flat.split([g.numel() for g in same]), strict=True):
                 g.copy_(averaged.view_as(g))
 
+    def average_all() -> None:  # runs once, after the last gradient of this backward
+        nonlocal queued
+        queued = False
+        with torch.no_grad():
+            average([p.grad for p in replicated if p.grad is not None], data_group)
+            if replica_group is not None:
+                average([cast(DTensor, p.grad).to_local() for p in sharded if p.grad is not None], replica_group)
+
     def queue_average(_: torch.Tensor) -> None:
         nonlocal queued
         if not queued:
             queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(average_replicated)
+            torch.autograd.Variable._execution_engine.queue_callback(average_all)
 
     for param in model.parameters():
         if isinstance(param, DTensor):  # this rank's experts
             param.register_hook(lambda grad: grad / ep)
-        elif param.requires_grad:
+        if param.requires_grad:
             param.register_post_accumulate_grad_hook(queue_average)
 # --8<-- [end:sync_gradients]
 
 
-def _sharded_block(full: MoE, mesh: DeviceMesh) -> MoE:
-    """`shard_experts` of `full`, its expert weights as DTensors: Shard(0) of the stacked experts."""
-    block = shard_experts(full, mesh.get_group())
+def _sharded_block(full: MoE, ep_mesh: DeviceMesh, mesh: DeviceMesh) -> MoE:
+    """`shard_experts` of `full` over `ep_mesh`, its expert weights as DTensors on `mesh`:
+    Shard(0) of the stacked experts over ep, replicated over ep_replicate."""
+    block = shard_experts(full, ep_mesh.get_group())
+    placements = [Replicate(), Shard(0)] if mesh.ndim > 1 else [Shard(0)]
     for name in ("w1", "w2"):
         local = getattr(block, name).detach()
-        setattr(block, name, nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False)))
+        setattr(block, name, nn.Parameter(DTensor.from_local(local, mesh, placements, run_check=False)))
     return block

@@ -29,9 +29,9 @@ class ParallelOptions(Options):
     2 x cp_degree chunks of every sequence, ring attention passes keys and values between
     them, and they read the same samples; the world size must be a multiple of it."""
     ep_degree: int = 1
-    """Expert-parallel ranks (needs n_experts, a multiple of it, and the world size equal to it):
-    each holds n_experts / ep_degree experts, all-to-all sends it their tokens, and the ranks
-    read the same samples."""
+    """Expert-parallel ranks (needs n_experts, a multiple of it, and must divide the data-parallel
+    size): groups of this many consecutive data-parallel ranks, each reading its own samples and
+    holding n_experts / ep_degree experts; all-to-all sends every rank's tokens to their experts."""
     pp_degree: int = 1
     """Pipeline stages per model replica (transformer only): the blocks are cut into this many
     consecutive stages, one per rank, and the ranks of one pipeline read the same samples."""
@@ -49,8 +49,9 @@ class ParallelOptions(Options):
 
     @property
     def data_parallel_size(self) -> int:
-        """Ranks that read different samples: the world size over the tensor and pipeline degrees."""
-        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree * self.ep_degree)
+        """Ranks that read different samples: the world size over the tensor, pipeline and
+        context degrees (expert-parallel ranks are data-parallel ranks)."""
+        return self.world_size // (self.tp_degree * self.pp_degree * self.cp_degree)
 
     @property
     def pipeline_microbatches(self) -> int:
@@ -125,11 +126,10 @@ class ParallelOptions(Options):
                  "(only data parallel is combined with it here)")
 
     def _check_expert_parallel(self) -> None:
-        """Expert parallel as the whole mesh."""
+        """Expert-parallel groups carved out of the data-parallel ranks, which DDP's place it takes."""
         if self.ep_degree == 1:
             return
-        if self.world_size % self.ep_degree:
-            fail(f"ep_degree ({self.ep_degree}) must divide the world size ({self.world_size})")
-        if self.world_size != self.ep_degree:
-            fail(f"ep_degree ({self.ep_degree}) must equal the world size ({self.world_size}): "
-                 "expert parallel is not combined with data parallel here")
+        if self.data_parallel_size % self.ep_degree:
+            fail(f"ep_degree ({self.ep_degree}) must divide the data-parallel size ({self.data_parallel_size})")
+        if self.strategy != "ddp":
+            fail("ep_degree above 1 needs --strategy ddp (its gradient sync replaces DDP's)")
