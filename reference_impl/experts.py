@@ -22,8 +22,13 @@ gradients), and that the bytes they pass to `all_to_all_single` are
 `reference_impl.calc.moe_all_to_all`'s.
 
 In the trainer (`--n-experts E`, `--ep-degree N`) every transformer block's MLP is a `MoE`
-block and `wrap` shards the experts over the `ep` mesh axis; tests/distributed/test_expert_parallel.py
-checks that its losses are one process's and that a killed run resumes bit for bit.
+block, and `wrap` carves expert-parallel groups of `N` consecutive ranks out of the
+data-parallel ranks: every rank reads its own samples, holds `E / N` experts (the ranks at one
+position of every group hold the same ones) and the whole of everything else.
+`sync_gradients` averages the replicated parameters' gradients over all data ranks and each
+expert's over the ranks that hold it, so the step is one process's on the global batch;
+tests/distributed/test_expert_parallel.py checks that the losses are one process's (one and
+two groups) and that a killed run resumes bit for bit.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
 DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=4)
 # A field valid away from its default only together with others (expert parallel needs the
 # experts it splits and, here, a world of its size) changes alone from a base that has them.
-COMPANIONS: dict[str, dict[str, Any]] = {"ep_degree": {"n_experts": 4, "world_size": 2}}
+COMPANIONS: dict[str, dict[str, Any]] = {"ep_degree": {"n_experts": 4, "world_size": 2, "strategy": "ddp"}}
 
 
 def _base(name: str) -> TrainConfig:
@@ -207,9 +207,9 @@ EP_ERRORS = [
     (["--ep-degree", "2", "--model", "transformer"], "2", "ep_degree above 1 needs --n-experts"),
     ([*MOE, "--ep-degree", "0"], "1", "ep_degree must be >= 1"),
     ([*MOE, "--ep-degree", "3"], "3", "ep_degree (3) must divide n_experts (4)"),
-    ([*MOE, "--ep-degree", "2"], "3", "ep_degree (2) must divide the world size (3)"),
-    ([*MOE, "--ep-degree", "2"], "4", "ep_degree (2) must equal the world size (4)"),
-    ([*MOE, "--ep-degree", "2", "--dropout", "0.1"], "2", "ep_degree above 1 needs dropout 0"),
+    ([*MOE, "--ep-degree", "2"], "3", "ep_degree (2) must divide the data-parallel size (3)"),
+    ([*MOE, "--ep-degree", "4"], "2", "ep_degree (4) must divide the data-parallel size (2)"),
+    ([*MOE, "--ep-degree", "2", "--strategy", "fsdp"], "2", "ep_degree above 1 needs --strategy ddp"),
     ([*MOE, "--tp-degree", "2", "--strategy", "fsdp"], "2", "n_experts runs with tp_degree, pp_degree, cp_degree"),
     ([*MOE, "--cp-degree", "2"], "2", "n_experts runs with tp_degree, pp_degree, cp_degree"),
     ([*MOE, "--pp-degree", "2"], "2", "n_experts runs with tp_degree, pp_degree, cp_degree"),
@@ -238,9 +238,12 @@ def test_context_parallel_ranks_share_their_samples_in_the_global_batch() -> Non
     assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16
 
 
-def test_expert_parallel_ranks_share_their_samples_in_the_global_batch() -> None:
-    cfg = TrainConfig.from_cli([*MOE, "--ep-degree", "2", "--micro-batch-size", "8"], {"WORLD_SIZE": "2"})
-    assert cfg.data_parallel_size == 1 and cfg.global_batch_size == 8
+def test_expert_parallel_ranks_are_data_ranks_that_read_their_own_samples() -> None:
+    """ep no longer multiplies the world: 4 ranks at ep 2 are 4 data ranks (two ep groups),
+    with dropout allowed (each rank draws its own masks, as under DDP)."""
+    cfg = TrainConfig.from_cli([*MOE, "--ep-degree", "2", "--micro-batch-size", "8", "--dropout", "0.1"],
+                               {"WORLD_SIZE": "4"})
+    assert cfg.data_parallel_size == 4 and cfg.global_batch_size == 32
 
 
 def test_hsdp_keeps_the_global_batch_over_replicas_times_shards() -> None:

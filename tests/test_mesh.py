@@ -1,5 +1,6 @@
-"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard, cp, ep and tp axes, and
-which data shard it reads, against an independent row-major layout and torch's DeviceMesh."""
+"""ParallelDims: where each rank sits on the pp, dp_replicate, dp_shard, cp and tp axes, which
+data shard it reads, and the expert-parallel groups carved out of the data axis, against an
+independent row-major layout and torch's DeviceMesh."""
 
 from __future__ import annotations
 
@@ -12,24 +13,23 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from reference_impl.mesh import AXES, ParallelDims
 
-# (pp, dp_replicate, dp_shard, cp, ep, tp): every axis alone, pairs, and all six at once.
-MESHES = [(1, 1, 1, 1, 1, 1), (1, 1, 1, 1, 1, 4), (4, 1, 1, 1, 1, 1), (1, 3, 1, 1, 1, 1), (1, 1, 3, 1, 1, 1),
-          (1, 1, 1, 2, 1, 1), (2, 1, 2, 1, 1, 2), (2, 2, 1, 1, 1, 2), (1, 2, 2, 1, 1, 2), (2, 2, 2, 1, 1, 1),
-          (3, 2, 1, 1, 1, 2), (2, 2, 2, 1, 1, 2), (2, 3, 2, 1, 1, 2), (1, 1, 2, 2, 1, 1), (1, 3, 1, 2, 1, 1),
-          (2, 2, 2, 2, 1, 2), (1, 1, 1, 1, 2, 1), (1, 1, 2, 1, 2, 2), (2, 1, 1, 2, 2, 1),
-          (2, 2, 2, 2, 2, 2)]
-Shape = tuple[int, int, int, int, int, int]
+# (pp, dp_replicate, dp_shard, cp, tp): every axis alone, pairs, and all five at once.
+MESHES = [(1, 1, 1, 1, 1), (1, 1, 1, 1, 4), (4, 1, 1, 1, 1), (1, 3, 1, 1, 1), (1, 1, 3, 1, 1),
+          (1, 1, 1, 2, 1), (2, 1, 2, 1, 2), (2, 2, 1, 1, 2), (1, 2, 2, 1, 2), (2, 2, 2, 1, 1),
+          (3, 2, 1, 1, 2), (2, 2, 2, 1, 2), (2, 3, 2, 1, 2), (1, 1, 2, 2, 1), (1, 3, 1, 2, 1),
+          (2, 2, 2, 2, 2)]
+Shape = tuple[int, int, int, int, int]
 
 
 def _dims(shape: Shape) -> ParallelDims:
-    pp, replicate, shard, cp, ep, tp = shape
-    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, ep=ep, tp=tp,
+    pp, replicate, shard, cp, tp = shape
+    return ParallelDims(pp=pp, dp_replicate=replicate, dp_shard=shard, cp=cp, tp=tp,
                         data_axis="dp_shard" if shard > 1 else "dp_replicate")
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
 def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: Shape) -> None:
-    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, cp, ep, tp), as DeviceMesh
+    """The ranks laid out as a tensor of shape (pp, dp_replicate, dp_shard, cp, tp), as DeviceMesh
     lays them out: each rank's coordinates are its index there, so tp varies fastest."""
     dims = _dims(shape)
     grid = torch.arange(dims.world_size).reshape(shape)
@@ -42,23 +42,22 @@ def test_coordinates_are_the_row_major_position_with_tp_fastest(shape: Shape) ->
 
 @pytest.mark.parametrize("shape", MESHES, ids=["x".join(map(str, s)) for s in MESHES])
 def test_dp_rank_numbers_the_data_shards_in_rank_order_shared_by_each_tp_group(shape: Shape) -> None:
-    """Within a pipeline stage, the ranks at one (cp, ep, tp) position read shards 0, 1, ...,
-    dp_size - 1 in rank order (replicas outer, shards inner); the ranks of one cp x ep x tp
+    """Within a pipeline stage, the ranks at one (cp, tp) position read shards 0, 1, ...,
+    dp_size - 1 in rank order (replicas outer, shards inner); the ranks of one cp x tp
     block read the same."""
     dims = _dims(shape)
     grid = torch.arange(dims.world_size).reshape(shape)
-    for stage, cp, ep, tp in itertools.product(range(dims.pp), range(dims.cp), range(dims.ep), range(dims.tp)):
-        ranks = grid[stage, :, :, cp, ep, tp].flatten().tolist()
+    for stage, cp, tp in itertools.product(range(dims.pp), range(dims.cp), range(dims.tp)):
+        ranks = grid[stage, :, :, cp, tp].flatten().tolist()
         assert ranks == sorted(ranks)
         assert [dims.dp_rank(r) for r in ranks] == list(range(dims.dp_size))
-    for group in grid.reshape(-1, dims.cp * dims.ep * dims.tp).tolist():
+    for group in grid.reshape(-1, dims.cp * dims.tp).tolist():
         assert len({dims.dp_rank(r) for r in group}) == 1, group
 
 
-@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 1, 1, 2), ("pp", "dp_shard", "tp")),
-                                             ((1, 2, 2, 1, 1, 2), ("dp_replicate", "dp_shard", "tp")),
-                                             ((1, 1, 2, 2, 1, 1), ("dp_shard", "cp")),
-                                             ((1, 1, 2, 1, 2, 2), ("dp_shard", "ep", "tp"))])
+@pytest.mark.parametrize(("shape", "axes"), [((2, 1, 2, 1, 2), ("pp", "dp_shard", "tp")),
+                                             ((1, 2, 2, 1, 2), ("dp_replicate", "dp_shard", "tp")),
+                                             ((1, 1, 2, 2, 1), ("dp_shard", "cp"))])
 def test_coordinates_match_torchs_device_mesh_on_every_rank(shape: Shape,
                                                              axes: tuple[str, ...]) -> None:
     """torch's own DeviceMesh, built on each rank of a fake process group (real layout, no
@@ -123,3 +122,27 @@ def test_context_parallel_ranks_join_the_data_parallel_wrapper(strategy: str, wo
         assert dims.mesh_of(dims.data_axis).mesh.flatten().tolist() == data_ranks
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("data", [2, 4, 6])
+def test_expert_parallel_groups_are_consecutive_data_ranks(data: int) -> None:
+    """`ep` 2 over `data` DDP ranks adds no rank: the world is the data axis, each rank reads
+    its own shard, and the mesh splits the data axis into (ep_replicate, ep) = (data / 2, 2):
+    ranks 2i and 2i + 1 form an ep group, and the ranks at one position of every group (those
+    holding the same experts) form an ep_replicate group."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dims = ParallelDims(dp_replicate=data, ep=2)
+    assert dims.world_size == data and dims.ep_replicate == data // 2
+    assert [dims.dp_rank(r) for r in range(data)] == list(range(data))
+    assert dims.used_axes == ("dp_replicate", "ep") and dims.wrapped_axes == ("ep",)
+    for rank in range(data):
+        dist.init_process_group("fake", rank=rank, world_size=data, store=FakeStore())
+        try:
+            mesh = dims.mesh_of("ep")
+            assert mesh.mesh_dim_names == ("ep_replicate", "ep")
+            assert mesh["ep"].mesh.tolist() == [rank - rank % 2, rank - rank % 2 + 1]
+            assert mesh["ep_replicate"].mesh.tolist() == list(range(rank % 2, data, 2))
+        finally:
+            dist.destroy_process_group()
+            dims.__dict__.pop("device_mesh", None)  # the cached mesh belongs to that process group
