@@ -229,8 +229,7 @@ def transformer_flops(cfg: TrainConfig) -> float:
     a token passes through its top-k experts and the router: the FLOPs the model needs
     when no expert overflows (the block multiplies only the (token, expert) rows it keeps,
     so each dropped one saves 12 x d_model x hidden_dim; tests/test_traces_certified.py
-    checks both against FlopCounterMode), not the repeats of expert parallel's
-    same-sample ranks.
+    checks both against FlopCounterMode).
     """
     mlp = 2 * cfg.d_model * cfg.hidden_dim
     if cfg.n_experts:
