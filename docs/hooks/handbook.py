@@ -40,6 +40,11 @@ MARKER_LINE = re.compile(r"^# --8<-- \[(start|end):\w+\]\n", re.M)
 ALL_IN_ONE = "reference/all-in-one.md"
 HEADERLINK = re.compile(r'<a class="headerlink" href="#[^"]*" title="Permanent link">[^<]*</a>')
 LISTING = re.compile(r"(<pre><span></span>)<code>")  # a Pygments listing, as pymdownx.highlight writes it
+# Pygments' spans for names and whitespace: the theme colours a name as the listing's own
+# text (`--md-code-hl-name-color` is `--md-code-fg-color` in both palettes) and whitespace
+# not at all, so a listing looks the same without them (the parallelism playbook: 9,875 elements
+# become 7,088).
+PLAIN_TOKEN = re.compile(r'<span class="[nw]">([^<]*)</span>')
 TABLE_MARK = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->")  # expanded by docs/hooks/tables.py
 SELF_TEST_MARK = "<!-- self-test -->"
 QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
@@ -319,8 +324,11 @@ def on_page_content(html: str, page: Any, **_: Any) -> str:
     only once it comes near the viewport (`content.lazy` in mkdocs.yml: measuring all of them
     at load forced a layout of the whole page per listing); until then the stop comes from
     here, and the theme removes it from a listing that turns out not to scroll.
+
+    Names and whitespace lose their token spans (PLAIN_TOKEN): most of a long page's
+    elements were token spans, each one style and layout work on a phone.
     """
-    html = LISTING.sub(r'\1<code tabindex="0">', html)
+    html = PLAIN_TOKEN.sub(r"\1", LISTING.sub(r'\1<code tabindex="0">', html))
     return HEADERLINK.sub("", html) if page.file.src_uri == ALL_IN_ONE else html
 
 
