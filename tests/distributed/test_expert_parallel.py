@@ -7,11 +7,11 @@ routing group: capacity is counted per rank, as each rank drops before it sends)
 must give the same outputs, auxiliary losses, dropped counts and gradients, in float64 to
 1e-12, and the bytes the ranks hand to `all_to_all_single` must be `calc.moe_all_to_all`'s.
 
-The trainer's `--n-experts 2 --ep-degree 2` on two ranks (one expert-parallel group) and on
-four (two groups, so every expert has two replicas) reads a different shard of each global
-batch on every rank and trains as one process holding both experts on that global batch
-(micro-batches accumulated, one per data rank); the two-rank run resumes after a SIGKILL to the
-uninterrupted run's state.
+The trainer's `--n-experts 4 --ep-degree 2` on two ranks (one expert-parallel group) and on
+four (two groups, so every expert has two replicas) reads a different sample of each global
+batch on every rank and trains as one process holding every expert on that global batch
+(micro-batches accumulated, one per data rank), drops over capacity included; the two-rank run
+resumes after a SIGKILL to the uninterrupted run's state.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ TOL = 1e-12
 # Two experts, top-2: every token goes to both, so no expert is ever over capacity and the
 # losses do not depend on how the global batch is cut into routing groups (a data rank takes
 # every world_size-th sample of it, one process's micro-batches consecutive runs of it).
-TRAIN = ["--model", "transformer", "--n-experts", "2", "--optimizer", "sgd", "--lr", "0.5", "--dataset-size",
+TRAIN = ["--model", "transformer", "--n-experts", "4", "--optimizer", "sgd", "--lr", "0.5", "--dataset-size",
          "512", "--warmup-steps", "2", "--log-every", "1", "--pg-timeout-s", "60", "--max-steps", "10"]
 EP = [*TRAIN, "--ep-degree", "2", "--checkpoint-every", "5"]
-LAYOUTS = {2: 16, 4: 8}  # world size: micro-batch size per rank (a global batch of 32 for both)
+# World size: micro-batch size per rank. One sample per rank, so that a rank routes the
+# tokens of the same sample that one process's micro-batch holds (capacity is per batch).
+LAYOUTS = {2: 1, 4: 1}
 
 
 def _ranks(world_size: int, root: Path) -> list[dict[str, Any]]:
@@ -159,11 +161,11 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
 @pytest.mark.parametrize("world_size", [2, 4], ids=["world2_ep2", "world4_ep2"])
 def test_the_trainer_with_ep_degree_2_matches_one_process(ep_run: tuple[Run, Path], world_size: int,
                                                           tmp_path: Path) -> None:
-    """`--n-experts 2 --ep-degree 2` (one expert per rank, all-to-all between the two ranks of
+    """`--n-experts 4 --ep-degree 2` (two experts per rank, all-to-all between the two ranks of
     a group; at world 4 two groups, each expert's gradient averaged over its two replicas):
-    every rank reads its own samples, and the losses are those of one process holding both
-    experts on the same global batch (one micro-batch per data rank, accumulated) within 1e-5;
-    the step events carry the load-balancing loss and no dropped assignment."""
+    every rank reads its own samples, and the losses (load-balancing term included) are those
+    of one process holding every expert on the same global batch (one micro-batch per data
+    rank, accumulated) within 1e-5, with assignments dropped over capacity on the way."""
     run, samples = ep_run if world_size == 2 else _trainer_run(world_size, tmp_path / "ranks")
     assert run.of("run_start")[0]["mesh"] == {"pp": 1, "dp_replicate": world_size, "dp_shard": 1, "cp": 1, "tp": 1,
                                               "ep": 2}
@@ -176,10 +178,10 @@ def test_the_trainer_with_ep_degree_2_matches_one_process(ep_run: tuple[Run, Pat
     logs = [rank_log(samples, r) for r in range(world_size)]
     for step in range(1, 11):
         trained = [index for log in logs for index in log[step]]
-        assert len(set(trained)) == len(trained) == 32, f"step {step}: two ranks trained the same samples"
-    steps = run.of("step")
-    assert all(e["aux_loss"] > 0 and e["dropped_tokens"] == 0 for e in [*steps, *single.of("step")])
-    assert [e["aux_loss"] for e in steps] == pytest.approx([e["aux_loss"] for e in single.of("step")], abs=1e-5)
+        assert len(set(trained)) == len(trained) == world_size, f"step {step}: two ranks trained the same samples"
+    # The logged loss includes 0.01 x the load-balancing loss (each step event's `aux_loss` is
+    # the last micro-batch's: rank 0's sample here, the last sample in the one process).
+    assert sum(e["dropped_tokens"] for e in single.of("step")) > 0, "routing overflowed: the check covers drops"
 
 
 @pytest.mark.slow  # a trainer run killed and restarted: 22-63 s
@@ -188,7 +190,7 @@ def test_sigkill_under_expert_parallel_resumes_bit_exactly(ep_run: tuple[Run, Pa
     """Rank 1 is killed before step 7; both ranks restart, each restores its own experts
     from step 5 (DTensor shards in DCP) and they end on the uninterrupted run's state bit
     for bit."""
-    killed = train_ok([*EP, "--micro-batch-size", "16"], tmp_path, "--fail-at-step", "7", "--fail-rank", "1",
+    killed = train_ok([*EP, "--micro-batch-size", str(LAYOUTS[2])], tmp_path, "--fail-at-step", "7", "--fail-rank", "1",
                       restarts=1)
     assert [e["step"] for e in killed.of("checkpoint_restored")] == [5]
     assert killed.digest() == ep_run[0].digest()
