@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from launch import alive, forked_ranks, torchrun
+from launch import alive, forked_ranks, python_module, torchrun
 
 pytestmark = pytest.mark.distributed
 
@@ -21,6 +21,21 @@ def test_forked_ranks_train_exactly_like_torchrun() -> None:
     assert forked.digest() == under_torchrun.digest()
     losses = [[(e["step"], e["loss"]) for e in run.of("step")] for run in (under_torchrun, forked)]
     assert losses[0] == losses[1] and len(losses[0]) == 3
+
+
+def test_a_forked_single_process_prints_and_exits_as_a_fresh_interpreter(tmp_path: Path) -> None:
+    """`python_module` forks the trainer's main for the suite's single-process runs: the
+    same digest for a run, the same exit status and last line for a bad value and for a
+    flag argparse refuses (a SystemExit)."""
+    for args in ([*FLAGS, "--checkpoint-dir"], ["--micro-batch-size", "0"], ["--no-such-flag"]):
+        fresh, forked = (python_module([*args, str(tmp_path / name)] if "--checkpoint-dir" in args else args,
+                                       fresh=name == "fresh") for name in ("fresh", "forked"))
+        assert forked.returncode == fresh.returncode, forked.stderr[-3000:]
+        assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
+        if fresh.returncode == 0:
+            assert forked.digest() == fresh.digest()
+        else:
+            assert fresh.returncode == 2 and "Traceback" not in forked.stderr
 
 
 def test_a_rank_that_fails_fails_the_job() -> None:
