@@ -139,10 +139,8 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         status = importlib.import_module(module).main(argv) or 0
-    except SystemExit as exc:  # argparse and friends; a message, as the interpreter would, goes to stderr
+    except SystemExit as exc:  # argparse and friends
         status = exc.code if isinstance(exc.code, int) else 1
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -26,10 +26,10 @@ def test_forked_ranks_train_exactly_like_torchrun() -> None:
 def test_a_forked_single_process_prints_and_exits_as_a_fresh_interpreter(tmp_path: Path) -> None:
     """`python_module` forks the trainer's main for the suite's single-process runs: the
     same digest for a run, the same exit status and last line for a bad value and for a
-    flag argparse refuses (a SystemExit)."""
-    for args in ([*FLAGS, "--checkpoint-dir"], ["--micro-batch-size", "0"], ["--no-such-flag"]):
-        fresh, forked = (python_module([*args, str(tmp_path / name)] if "--checkpoint-dir" in args else args,
-                                       fresh=name == "fresh") for name in ("fresh", "forked"))
+    flag argparse refuses."""
+    for args in (FLAGS, ["--micro-batch-size", "0"], ["--no-such-flag"]):
+        fresh = python_module([*args, "--checkpoint-dir", str(tmp_path / "fresh")], fresh=True)
+        forked = python_module([*args, "--checkpoint-dir", str(tmp_path / "forked")])
         assert forked.returncode == fresh.returncode, forked.stderr[-3000:]
         assert forked.stderr.strip().splitlines()[-1:] == fresh.stderr.strip().splitlines()[-1:]
         if fresh.returncode == 0:

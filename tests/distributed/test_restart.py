@@ -32,8 +32,9 @@ def reference_digest(flags: list[str], tmp_path_factory: pytest.TempPathFactory)
     return _REFERENCES[key]
 
 
-# Cases whose kills torchrun's own agent restarts; the others restart forked ranks.
-UNDER_TORCHRUN = ("rank0_killed", "three_kills")
+# The case whose kill torchrun's own agent restarts (as in the three-kill test); the others
+# restart forked ranks.
+UNDER_TORCHRUN = ("rank0_killed",)
 
 
 def killed_run(flags: list[str], fault: list[str], ckpt: str, restarts: int = 1, under_torchrun: bool = False) -> Run:
