@@ -65,3 +65,29 @@ def test_float8_training_stays_near_bf16() -> None:
         pytest.skip("float8 matmuls need compute capability 8.9 (Ada, Hopper) or later")
     bf16, fp8 = losses(job()), losses(job("--fp8"))
     assert fp8 == pytest.approx(bf16, rel=3e-2), (bf16, fp8)
+
+
+def test_adamw_on_cuda_is_the_fused_kernel_and_steps_as_the_default_does() -> None:
+    """The fused kernel is a speed choice only: from the same gradients it takes the step the
+    multi-tensor default takes, to fp32 rounding."""
+    from reference_impl.config import TrainConfig
+    from reference_impl.model import build_model
+    from reference_impl.step import build_optimizer
+
+    cfg = TrainConfig(model="transformer", device="cuda", d_model=64, n_layers=2, n_heads=4, hidden_dim=128,
+                      seq_len=32, vocab_size=256, weight_decay=0.1)
+    torch.manual_seed(0)
+    fused_model = build_model(cfg).cuda()
+    default_model = build_model(cfg).cuda()
+    default_model.load_state_dict(fused_model.state_dict())
+    fused = build_optimizer(fused_model, cfg)
+    default = torch.optim.AdamW(default_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    assert fused.defaults["fused"] is True and not default.defaults["fused"]
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in fused_model.parameters()]
+        for model, optimizer in ((fused_model, fused), (default_model, default)):
+            for p, g in zip(model.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b in zip(fused_model.parameters(), default_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

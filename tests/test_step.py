@@ -143,3 +143,9 @@ def test_a_failure_inside_a_phase_leaves_the_timer_naming_that_phase() -> None:
     with timer.phase("backward"):  # the same phase object is reused and times again
         pass
     assert timer.current == "after_backward" and set(timer.flush()) == {"backward"}
+
+
+def test_adamw_on_the_cpu_keeps_pytorchs_default_kernels() -> None:
+    """The fused kernel is chosen for CUDA parameters only (`tests/test_gpu.py` checks it there)."""
+    cfg = TrainConfig(model="mlp", device="cpu")
+    assert not build_optimizer(build_model(cfg), cfg).defaults["fused"]
