@@ -11,6 +11,9 @@
   `docs/data/`, with the torch version and the date of the run;
 * `gpu`: `python -m reference_impl.bench gpu` on a real GPU (`docs/data/gpu.json`, the JSON
   lines of its runs), eager, compiled and compiled in float8, with the device and versions;
+* `gpu_ladder`: the DDP rows of `bench gpu` runs in `docs/data/gpu.json` that change one
+  thing at a time (optimizer kernel, micro-batch, compilation), so each step's gain is read
+  off the row above it;
 * `gpu_fp8`: `python -m reference_impl.bench fp8` on a real GPU (`docs/data/gpu_fp8.json`):
   a float8 linear against bf16 by size, eager and compiled, and the bare matmuls' ratio;
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
@@ -133,6 +136,21 @@ def gpu() -> str:
     return "\n".join(rows)
 
 
+def gpu_ladder() -> str:
+    """The one-change-at-a-time DDP runs of `docs/data/gpu.json`: tokens/s, MFU, phases, memory."""
+    record = json.loads((DATA / "gpu.json").read_text(encoding="utf-8"))
+    rows = ["| Run | Flags | Tokens/s | MFU | Forward ms | Backward ms | Optimizer ms | Peak GiB "
+            "| calc.memory GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for step in record["data"]["ladder"]["steps"]:
+        r, phases = step["result"]["ddp"], step["result"]["ddp"]["phase_ms_per_step"]
+        rows.append(f"| {step['label']} | `{step['flags'] or '(defaults)'}` | {r['tokens_per_s']:,.0f} "
+                    f"| {r['mfu']:.1%} | {phases['forward']:.1f} | {phases['backward']:.1f} "
+                    f"| {phases['optimizer']:.1f} | {r['peak_memory_gib']:.2f} | {r['predicted_memory_gib']['peak']:.2f} |")
+    rows.append(f"\n{record['data']['ladder']['note']}. torch {record['torch']}, {record['device']}, "
+                f"{record['date']}, commit {record['commit']}.")
+    return "\n".join(rows)
+
+
 def gpu_fp8() -> str:
     """The `bench fp8` run of `docs/data/gpu_fp8.json`: per size, the layer's and the matmul's speed-up."""
     record = json.loads((DATA / "gpu_fp8.json").read_text(encoding="utf-8"))
@@ -163,7 +181,8 @@ def memory_grid_reduced() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
-                                        "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_fp8": gpu_fp8}
+                                        "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_ladder": gpu_ladder,
+                                        "gpu_fp8": gpu_fp8}
 
 
 def table(name: str) -> str:

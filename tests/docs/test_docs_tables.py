@@ -80,7 +80,7 @@ def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> No
     assert marks == set(_computed_tables())
 
 
-@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble", "gpu", "gpu_fp8"])
+@pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble", "gpu", "gpu_ladder", "gpu_fp8"])
 def test_computed_tables_are_well_formed(name: str) -> None:
     assert table_problems(_computed_tables()[name].splitlines(), name) == []
 
@@ -110,7 +110,7 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_fp8"
+    known = "mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, gpu_fp8"
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -178,6 +178,13 @@ def test_the_gpu_table_is_the_committed_run() -> None:
     eager, compiled = runs["eager"]["ddp"], runs["compile"]["ddp"]
     assert f"{compiled['tokens_per_s']:,.0f} against {eager['tokens_per_s']:,.0f} tokens per second" in page
     assert f"{eager['peak_memory_gib']:.2f} GiB" in page
+    ladder = [step["result"]["ddp"] for step in record["data"]["ladder"]["steps"]]
+    optimizer_ms = [f"{r['phase_ms_per_step']['optimizer']:.1f}" for r in ladder]
+    for figure in (f"from {optimizer_ms[0]} to {optimizer_ms[1]} ms at eight sequences",
+                   f"from {optimizer_ms[2]} to {optimizer_ms[3]} ms at sixteen",
+                   f"{ladder[-1]['mfu']:.1%} MFU, {ladder[-1]['tokens_per_s']:,.0f} tokens per second"):
+        assert figure in page, figure
+    assert max(r["mfu"] for r in ladder) == ladder[-1]["mfu"], "the last step is the best run"
 
 
 def test_the_fp8_table_is_the_committed_run_and_the_prose_reads_it() -> None:
