@@ -145,7 +145,8 @@ def gpu_ladder() -> str:
         r, phases = step["result"]["ddp"], step["result"]["ddp"]["phase_ms_per_step"]
         rows.append(f"| {step['label']} | `{step['flags'] or '(defaults)'}` | {r['tokens_per_s']:,.0f} "
                     f"| {r['mfu']:.1%} | {phases['forward']:.1f} | {phases['backward']:.1f} "
-                    f"| {phases['optimizer']:.1f} | {r['peak_memory_gib']:.2f} | {r['predicted_memory_gib']['peak']:.2f} |")
+                    f"| {phases['optimizer']:.1f} | {r['peak_memory_gib']:.2f} "
+                    f"| {r['predicted_memory_gib']['peak']:.2f} |")
     rows.append(f"\n{record['data']['ladder']['note']}. torch {record['torch']}, {record['device']}, "
                 f"{record['date']}, commit {record['commit']}.")
     return "\n".join(rows)

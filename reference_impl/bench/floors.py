@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from reference_impl.bench.common import BenchmarkError, launched
 from reference_impl.launch import torchrun_command
@@ -22,9 +23,13 @@ ALIGN = 4096  # O_DIRECT wants the buffer, the offset and the length aligned to 
 
 # A torchrun job doing nothing but what every restart must: start Python, import torch,
 # form the gloo group (on a per-attempt store, as the trainer does). Attempt 0's rank 1
-# kills itself once the group stands.
+# kills itself once the group stands. Attempt 1 then also builds a torch optimizer and
+# takes one step on a tiny layer: the first optimizer built in a process imports
+# torch._dynamo (and with it sympy), a cost every PyTorch training run pays before its
+# first step, so it is timed as a second floor.
 RESTART_SCRIPT = '''
 import json, os, signal, time
+import torch
 import torch.distributed as dist
 attempt, rank, world = (int(os.environ[k]) for k in ("TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE"))
 # A store namespace per attempt, as the trainer uses: a restarted rank must not read the
@@ -39,8 +44,22 @@ if attempt == 0:
         print(json.dumps({"event": "killed", "time": time.time()}), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(120)  # rank 0 waits for torchrun to tear the group down
+layer = torch.nn.Linear(8, 8)
+optimizer = torch.optim.AdamW(layer.parameters())
+layer(torch.ones(1, 8)).sum().backward()
+optimizer.step()
+dist.barrier()  # both ranks ready to train
+if rank == 0:
+    print(json.dumps({"event": "optimizer_stepped", "time": time.time()}), flush=True)
 dist.destroy_process_group()
 '''
+
+
+class RestartFloor(NamedTuple):
+    """Seconds from the kill to the restarted group standing, and to its first optimizer step."""
+
+    group_s: float
+    optimizer_s: float
 
 
 def disk_write_floor(directory: Path, nbytes: int) -> tuple[float, str]:
@@ -85,12 +104,14 @@ def _open_for_floor(path: Path) -> tuple[int, str]:
     return os.open(path, flags, 0o600), "buffered"
 
 
-def restart_floor(timeout: float) -> float:
-    """Seconds from a SIGKILLed rank to the restarted 2-rank group standing again.
+def restart_floor(timeout: float) -> RestartFloor:
+    """Seconds from a SIGKILLed rank to the restarted 2-rank group standing again, and to
+    both ranks having built a torch optimizer and stepped it once.
 
-    torchrun (`--max-restarts 1`) runs `RESTART_SCRIPT`; the floor is the time from the
-    kill to rank 0 of attempt 1 reporting its gloo group: process start, `import torch`
-    and the rendezvous, which every resumed run pays before it can restore anything.
+    torchrun (`--max-restarts 1`) runs `RESTART_SCRIPT`. The first floor is the time from
+    the kill to rank 0 of attempt 1 reporting its gloo group: process start, `import torch`
+    and the rendezvous, which every resumed run pays before it can restore anything. The
+    second adds what torch itself costs the first time a process builds an optimizer.
 
     Raises:
         BenchmarkError: The job failed, timed out or printed no restart.
@@ -101,7 +122,8 @@ def restart_floor(timeout: float) -> float:
         run = launched(torchrun_command(2, str(script), [], max_restarts=1), timeout)
     killed = [e["time"] for e in run.of("killed")]
     formed = [e["time"] for e in run.of("group_formed") if e["attempt"] == 1]
-    if run.returncode != 0 or not killed or not formed:
+    stepped = [e["time"] for e in run.of("optimizer_stepped")]
+    if run.returncode != 0 or not killed or not formed or not stepped:
         raise BenchmarkError(f"the restart floor run failed (exit {run.returncode}): "
                              f"{run.stderr.strip().splitlines()[-1:]}")
-    return min(formed) - killed[0]
+    return RestartFloor(min(formed) - killed[0], stepped[0] - killed[0])
