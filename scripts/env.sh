@@ -1,4 +1,4 @@
-# Sourced by serve.sh and test.sh: create .venv once and install the pinned packages.
+# Sourced by serve.sh, test.sh and lint.sh: create .venv once and install the pinned packages.
 # EXTRAS selects the optional dependency groups from pyproject.toml.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -7,10 +7,28 @@ PY="$VENV/bin/python"
 if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV"
 fi
-# constraints.txt pins every package, torch==2.13.0 included, so pip never reaches
-# for a newer torch with gigabytes of CUDA libraries.
-"$PY" -m pip install --quiet --disable-pip-version-check \
-  -c "$ROOT/constraints.txt" torch==2.13.0 -e "$ROOT[${EXTRAS}]" 2>&1 \
-  | grep -v "is neither a file nor a directory" || true
-"$PY" -c "import torch, reference_impl" >/dev/null
+# pip runs only when pyproject.toml or constraints.txt changed since the last install, or an
+# extra is asked for that was not installed: a no-op pip run still costs about 20 s. The
+# stamp's first line is the two files' hash, the rest the extras installed with it; remove
+# it to force a reinstall.
+STAMP="$VENV/.handbook-installed"
+HASH="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -c1-16)"
+installed=""
+if [ -f "$STAMP" ] && [ "$(head -n 1 "$STAMP")" = "$HASH" ]; then
+  installed="$(tail -n +2 "$STAMP")"
+fi
+missing=""
+for extra in ${EXTRAS//,/ }; do
+  grep -qx "$extra" <<<"$installed" || missing="$missing $extra"
+done
+if [ -n "$missing" ]; then
+  wanted="$(printf '%s\n' $installed ${EXTRAS//,/ } | sort -u | paste -sd, -)"
+  # constraints.txt pins every package, torch==2.13.0 included, so pip never reaches
+  # for a newer torch with gigabytes of CUDA libraries.
+  "$PY" -m pip install --quiet --disable-pip-version-check \
+    -c "$ROOT/constraints.txt" torch==2.13.0 -e "$ROOT[${wanted}]" 2>&1 \
+    | grep -v "is neither a file nor a directory" || true
+  "$PY" -c "import torch, reference_impl" >/dev/null
+  printf '%s\n' "$HASH" ${wanted//,/ } >"$STAMP"
+fi
 export NO_MKDOCS_2_WARNING=1
