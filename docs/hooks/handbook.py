@@ -45,13 +45,6 @@ LISTING = re.compile(r"(<pre><span></span>)<code>")  # a Pygments listing, as py
 # not at all, so a listing looks the same without them (the parallelism playbook: 9,875 elements
 # become 7,088).
 PLAIN_TOKEN = re.compile(r'<span class="[nw]">([^<]*)</span>')
-# A highlighted listing's body, as on_page_content leaves it, and the tags inside one.
-LISTING_BODY = re.compile(r'(<pre><span></span><code tabindex="0">)(.*?)(</code></pre>)', re.S)
-TAG = re.compile(r"<[^>]+>")
-# Token spans in a page's listings above which all but its first listing get their colours
-# only near the viewport (javascripts/listings.js): the playbook has about 5,000, a page
-# with a few short listings a few hundred.
-DEFER_COLOURS_ABOVE = 1000
 TABLE_MARK = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->")  # expanded by docs/hooks/tables.py
 SELF_TEST_MARK = "<!-- self-test -->"
 QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
@@ -337,32 +330,6 @@ def on_page_content(html: str, page: Any, **_: Any) -> str:
     """
     html = PLAIN_TOKEN.sub(r"\1", LISTING.sub(r'\1<code tabindex="0">', html))
     return HEADERLINK.sub("", html) if page.file.src_uri == ALL_IN_ONE else html
-
-
-def on_post_page(output: str, page: Any, **_: Any) -> str:
-    """On a page whose listings hold more than `DEFER_COLOURS_ABOVE` token spans, every
-    listing after the first shows plain text, with its coloured spans in an inert
-    `<template>` after it that javascripts/listings.js moves in near the viewport.
-
-    A template's content is parsed but takes no part in style or layout: the playbook's
-    first render and each forced layout after it work on about a quarter of its elements.
-    This runs after the search plugin has read the page (`on_page_context`), so the index
-    holds each listing once.
-    """
-    bodies = [match.group(2) for match in LISTING_BODY.finditer(output)]
-    if sum(body.count("<span") for body in bodies) <= DEFER_COLOURS_ABOVE:
-        return output
-    seen = 0
-
-    def defer(match: re.Match[str]) -> str:
-        nonlocal seen
-        seen += 1
-        start, body, end = match.groups()
-        if seen == 1 or "<span" not in body:  # the first may be on the first screen
-            return match.group(0)
-        return f'{start}{TAG.sub("", body)}{end}<template class="handbook-colours">{body}</template>'
-
-    return LISTING_BODY.sub(defer, output)
 
 
 def on_page_context(context: dict[str, Any], page: Any, **_: Any) -> dict[str, Any]:

@@ -277,35 +277,3 @@ def test_the_parallelism_pages_tables_fit_their_column_at_desktop_width(browser,
     assert 680 <= column <= 760, f"content column {column} px at 1280 px: the check's premise changed"
     assert not overflowing, "\n".join(f"{t['width']} px > {t['column']} px: {t['header']}" for t in overflowing)
     assert not problems.items, "\n".join(problems.items)
-
-
-LISTINGS = """
-() => Array.from(document.querySelectorAll("div.highlight > pre"), (pre) => ({
-  deferred: Boolean(pre.nextElementSibling && pre.nextElementSibling.matches("template.handbook-colours")),
-  spans: pre.querySelectorAll("code span").length,
-  text: pre.querySelector("code").textContent,
-}))
-"""
-
-
-def test_a_long_pages_listings_take_their_colours_as_they_come_near(browser, server):
-    """The playbook's later listings arrive as plain text with their colours in a template
-    (docs/hooks/handbook.py, `on_post_page`); javascripts/listings.js moves the colours in
-    when a listing nears the viewport, and the text does not change."""
-    context, page = _new_page(browser)
-    problems = Problems(page)
-    try:
-        page.goto(server + "foundations/parallelism/", wait_until="networkidle")
-        before = page.evaluate(LISTINGS)
-        far = max(i for i, listing in enumerate(before) if listing["deferred"])
-        assert sum(listing["deferred"] for listing in before) > 10, "the playbook's listings wait for the reader"
-        page.evaluate("(i) => document.querySelectorAll('div.highlight > pre')[i].scrollIntoView()", far)
-        page.wait_for_function(
-            "(i) => document.querySelectorAll('div.highlight > pre')[i].querySelector('code span')", arg=far)
-        after = page.evaluate(LISTINGS)
-    finally:
-        context.close()
-    assert not after[far]["deferred"] and after[far]["spans"] > 0
-    assert [listing["text"] for listing in after] == [listing["text"] for listing in before]
-    assert any(listing["deferred"] for listing in after), "listings the reader skipped stay plain"
-    assert not problems.items, "\n".join(problems.items)

@@ -45,28 +45,3 @@ def test_the_theme_colours_a_name_as_the_listings_own_text(sheet: str) -> None:
     names = set(re.findall(r"--md-code-hl-name-color:([^;}]+)", css))
     assert names == {"var(--md-code-fg-color)"}, names
     assert not re.search(r"\.highlight \.w[,{]", css), "whitespace tokens have no style of their own"
-
-
-def _page_of_listings(count: int, spans_each: int) -> str:
-    body = '<span class="k">def</span> f' * spans_each
-    return "".join(f'<div class="highlight"><pre><span></span><code tabindex="0">{body} &lt;{i}&gt;</code></pre></div>'
-                   for i in range(count))
-
-
-def test_a_long_pages_later_listings_keep_their_colours_in_a_template_and_their_text_in_place() -> None:
-    page = _page_of_listings(4, handbook.DEFER_COLOURS_ABOVE // 3)  # 4 x 333 spans: over the threshold
-    out = handbook.on_post_page(page, SimpleNamespace())
-    listings = re.findall(r"<pre>.*?</pre>(?:<template[^>]*>.*?</template>)?", out, re.S)
-    assert len(listings) == 4
-    assert "<template" not in listings[0], "the first listing may be on the first screen: coloured at once"
-    for before, after in zip(re.findall(r"<pre>.*?</pre>", page, re.S)[1:], listings[1:], strict=True):
-        shown, kept = re.fullmatch(r'(<pre>.*?</pre>)<template class="handbook-colours">(.*)</template>', after,
-                                   re.S).groups()
-        assert "<span" not in shown.removeprefix("<pre><span></span>"), "plain text until the script colours it"
-        assert _text(shown) == _text(before), "the same text, escapes included"
-        assert kept == re.search(r'<code tabindex="0">(.*)</code>', before, re.S)[1], "the colours, unchanged"
-
-
-def test_a_page_with_few_token_spans_is_left_as_built() -> None:
-    page = _page_of_listings(3, handbook.DEFER_COLOURS_ABOVE // 3)  # 999 spans
-    assert handbook.on_post_page(page, SimpleNamespace()) == page
