@@ -185,6 +185,8 @@ def test_the_gpu_table_is_the_committed_run() -> None:
                    f"{ladder[-1]['mfu']:.1%} MFU, {ladder[-1]['tokens_per_s']:,.0f} tokens per second"):
         assert figure in page, figure
     assert max(r["mfu"] for r in ladder) == ladder[-1]["mfu"], "the last step is the best run"
+    performance = (support.DOCS / "reliability" / "performance.md").read_text(encoding="utf-8")
+    assert f"{optimizer_ms[0]} → {optimizer_ms[1]} ms on an H100" in performance
 
 
 def test_the_fp8_table_is_the_committed_run_and_the_prose_reads_it() -> None:
