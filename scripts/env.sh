@@ -25,9 +25,10 @@ if [ -n "$missing" ]; then
   wanted="$(printf '%s\n' $installed ${EXTRAS//,/ } | sort -u | paste -sd, -)"
   # constraints.txt pins every package, torch==2.13.0 included, so pip never reaches
   # for a newer torch with gigabytes of CUDA libraries.
+  # pip's own status decides (pipefail): a failed install stops here and writes no stamp.
   "$PY" -m pip install --quiet --disable-pip-version-check \
     -c "$ROOT/constraints.txt" torch==2.13.0 -e "$ROOT[${wanted}]" 2>&1 \
-    | grep -v "is neither a file nor a directory" || true
+    | { grep -v "is neither a file nor a directory" || true; }
   "$PY" -c "import torch, reference_impl" >/dev/null
   printf '%s\n' "$HASH" ${wanted//,/ } >"$STAMP"
 fi
