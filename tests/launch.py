@@ -11,6 +11,7 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import runpy
 import signal
 import sys
 import tempfile
@@ -119,14 +120,22 @@ def _context() -> ForkServerContext:
     return _forkserver
 
 
-def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err: str) -> None:
-    """One rank: its environment, output to files, `module.main(argv)`, then `os._exit`.
+def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err: str,
+               without_package: bool = False) -> None:
+    """One rank: its environment, output to files, `module.main(argv)` (or the script
+    `module` run as `__main__`), then `os._exit`.
 
     The descriptors themselves are redirected, so C++ output (gloo, c10d) lands in the
-    files too. The process never returns into the forkserver's code.
+    files too. The process never returns into the forkserver's code. With
+    `without_package`, `import reference_impl` fails in the rank, as in a blank notebook
+    (tests/without_package.py; the forkserver's copy of the package is dropped first).
     """
     status = 1
     try:
+        if without_package:
+            import without_package as blank
+
+            blank.block()
         os.environ.update(env)
         os.chdir(REPO)  # where `run_command` starts its processes
         # A rank torchrun starts creates its DataLoader workers by fork, Linux's default;
@@ -138,9 +147,18 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
             os.close(target)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
         sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-        status = importlib.import_module(module).main(argv) or 0
-    except SystemExit as exc:  # argparse and friends
-        status = exc.code if isinstance(exc.code, int) else 1
+        if module.endswith(".py"):  # a script: what `python script.py argv` runs
+            sys.argv = [module, *argv]
+            runpy.run_path(module, run_name="__main__")
+            status = 0
+        else:
+            status = importlib.import_module(module).main(argv) or 0
+    except SystemExit as exc:  # argparse and friends; as the interpreter would: a message goes to stderr
+        if exc.code is None or isinstance(exc.code, int):
+            status = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
     except BaseException:
         traceback.print_exc()
     finally:
@@ -150,7 +168,8 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
 
 
 def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dict[str, str] | None = None,
-                 module: str = "reference_impl.train", max_restarts: int = 0, torchrun_env: bool = True) -> Run:
+                 module: str = "reference_impl.train", max_restarts: int = 0, torchrun_env: bool = True,
+                 without_package: bool = False) -> Run:
     """Like `torchrun`: `nproc` ranks forked from a warm forkserver, restarted as its agent would.
 
     Each rank gets the environment torchrun would give it and calls `module.main(args)`
@@ -163,7 +182,9 @@ def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dic
     the ranks' in attempt and rank order; the return code is 0 if the last attempt
     succeeded, else the first failed rank's status (minus the signal number for a killed
     rank, as torchrun's `Popen` would show). Without `torchrun_env` the ranks get only
-    `env`: one such rank is a plain single process.
+    `env`: one such rank is a plain single process. `module` may also be a script's path
+    (`*.py`), run as `__main__` with `args` as its `sys.argv[1:]`; `without_package` hides
+    `reference_impl` from the ranks.
     """
     started, deadline = time.perf_counter(), time.monotonic() + timeout
     outputs: list[tuple[str, str]] = []
@@ -172,7 +193,7 @@ def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dic
             port = free_port()
             envs = [{**(_torchrun_env(rank, nproc, attempt, port) if torchrun_env else {}), **(env or {})}
                     for rank in range(nproc)]
-            status, files = _attempt(module, args, envs, Path(tmp, str(attempt)), deadline)
+            status, files = _attempt(module, args, envs, Path(tmp, str(attempt)), deadline, without_package)
             outputs += [(_read(out), _read(err)) for out, err in files]
             if status is None or status == 0:
                 break
@@ -202,8 +223,8 @@ def _torchrun_env(rank: int, nproc: int, attempt: int, port: int) -> dict[str, s
             "TORCHELASTIC_RUN_ID": f"forked-{port}"}
 
 
-def _attempt(module: str, args: list[str], envs: list[dict[str, str]], tmp: Path,
-             deadline: float) -> tuple[int | None, list[tuple[str, str]]]:
+def _attempt(module: str, args: list[str], envs: list[dict[str, str]], tmp: Path, deadline: float,
+             without_package: bool) -> tuple[int | None, list[tuple[str, str]]]:
     """One attempt of a forked job: its status (None if it outlived `deadline`) and output files.
 
     The ranks are not daemons, because a rank's DataLoader starts worker processes; so
@@ -216,7 +237,8 @@ def _attempt(module: str, args: list[str], envs: list[dict[str, str]], tmp: Path
     ranks: list[multiprocessing.process.BaseProcess] = []
     try:
         for rank, rank_env in enumerate(envs):
-            process = ctx.Process(target=_rank_main, args=(module, list(args), rank_env, *files[rank]))
+            process = ctx.Process(target=_rank_main,
+                                  args=(module, list(args), rank_env, *files[rank], without_package))
             process.start()
             ranks.append(process)
         return _wait(ranks, deadline), files

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import reference_impl.train as package_train
-from launch import REPO, Run, torchrun
+from launch import REPO, Run, forked_ranks, torchrun
 from reference_impl import interview_core as core
 from reference_impl import notebook as nb
 from reference_impl.config import TrainConfig
@@ -124,10 +124,13 @@ def test_two_ranks_under_torchrun_end_with_the_notebooks_and_the_packages_digest
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_rank_sigkilled_after_a_checkpoint_resumes_to_the_uninterrupted_digest(
         rank: int, tmp_path: Path, two_ranks: dict[str, Run]) -> None:
-    """Killed before step 15 with a checkpoint at step 10: torchrun restarts both ranks, which
-    must restore step 10 (not start over) and end where the uninterrupted run ended."""
-    run = torchrun([*core_flags(tmp_path), "--fail-at-step", "15", "--fail-rank", str(rank)], module=str(CORE),
-                   max_restarts=1, timeout=180)
+    """Killed before step 15 with a checkpoint at step 10: both ranks restart, and must restore
+    step 10 (not start over) and end where the uninterrupted run ended. torchrun's agent
+    restarts rank 1's case, the page's command; forked ranks, which restart as the agent
+    does (tests/distributed/test_forked_ranks.py), restart rank 0's."""
+    launch = torchrun if rank == 1 else forked_ranks
+    run = launch([*core_flags(tmp_path), "--fail-at-step", "15", "--fail-rank", str(rank)], module=str(CORE),
+                 max_restarts=1, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
     assert run.digest() == two_ranks["core"].digest()

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import reference_impl.train as package_train
-from launch import REPO, Run, python_module, run_command, torchrun
+from launch import REPO, Run, forked_ranks, python_module, run_command, torchrun
 from reference_impl import notebook as nb
 from reference_impl import step as step_module
 from reference_impl.config import TrainConfig
@@ -34,11 +34,16 @@ NOTEBOOK = REPO / "reference_impl" / "notebook.py"
 WITHOUT_PACKAGE = Path(__file__).with_name("without_package.py")
 
 
-def notebook(args: list[str], tmp_path: Path, timeout: float = 120) -> Run:
-    """Run a copy of the file, outside the repository, where `import reference_impl` fails."""
+def notebook(args: list[str], tmp_path: Path, timeout: float = 120, fresh: bool = False) -> Run:
+    """Run a copy of the file, outside the repository, where `import reference_impl` fails:
+    in a new interpreter with `fresh`, else forked from the suite's warm forkserver with the
+    package dropped and blocked there (an interpreter's start is most of a short run)."""
     script = tmp_path / "interview_trainer.py"
     shutil.copy(NOTEBOOK, script)
-    return run_command([sys.executable, str(WITHOUT_PACKAGE), str(script), *args], timeout, cwd=tmp_path)
+    if fresh:
+        return run_command([sys.executable, str(WITHOUT_PACKAGE), str(script), *args], timeout, cwd=tmp_path)
+    return forked_ranks(args, nproc=1, timeout=timeout, module=str(script), torchrun_env=False,
+                        without_package=True)
 
 
 def notebook_flags(ckpt: Path, global_batch: int, micro: int = 16, steps: int = 30) -> list[str]:
@@ -192,23 +197,24 @@ def test_clipping_sees_the_unscaled_gradients_under_fp16_loss_scaling() -> None:
 
 
 def test_equals_the_package_on_one_process(tmp_path: Path) -> None:
-    short = notebook(notebook_flags(tmp_path / "short", 32), tmp_path)
+    short = notebook(notebook_flags(tmp_path / "short", 32), tmp_path, fresh=True)
     package = python_module(package_flags(tmp_path / "package", 32, world=1))
     assert_same_run(short, package, 30)
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_equals_the_package_on_two_ranks_under_torchrun(two_rank_reference: dict[str, Run]) -> None:
+def test_equals_the_package_on_two_ranks(two_rank_reference: dict[str, Run]) -> None:
     assert_same_run(two_rank_reference["short"], two_rank_reference["package"], 30)
 
 
 @pytest.fixture(scope="module")
 def two_rank_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """Uninterrupted two-rank runs of both trainers (global batch 64: 16 x 2 micro x 2 ranks)."""
+    """Uninterrupted two-rank runs of both trainers (global batch 64: 16 x 2 micro x 2 ranks),
+    on forked ranks: tests/test_interview_core.py runs both under torchrun itself."""
     root = tmp_path_factory.mktemp("two-ranks")
-    return {"short": torchrun(notebook_flags(root / "short", 64), module=str(NOTEBOOK)),
-            "package": torchrun(package_flags(root / "package", 64, world=2))}
+    return {"short": forked_ranks(notebook_flags(root / "short", 64), module=str(NOTEBOOK)),
+            "package": forked_ranks(package_flags(root / "package", 64, world=2))}
 
 
 @pytest.mark.slow
@@ -216,8 +222,12 @@ def two_rank_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ru
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_sigkilled_rank_resumes_to_the_uninterrupted_digest(
         rank: int, tmp_path: Path, two_rank_reference: dict[str, Run]) -> None:
-    run = torchrun([*notebook_flags(tmp_path, 64), "--fail-at-step", "15", "--fail-rank", str(rank)],
-                   module=str(NOTEBOOK), max_restarts=1, timeout=180)
+    """torchrun's agent restarts the job after rank 1's death, as in the notebook's own cell;
+    forked ranks, which restart as the agent does (tests/distributed/test_forked_ranks.py),
+    restart it after rank 0's."""
+    launch = torchrun if rank == 1 else forked_ranks
+    run = launch([*notebook_flags(tmp_path, 64), "--fail-at-step", "15", "--fail-rank", str(rank)],
+                 module=str(NOTEBOOK), max_restarts=1, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10], "resumed from step 10"
     assert run.digest() == two_rank_reference["short"].digest()

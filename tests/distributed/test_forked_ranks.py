@@ -38,6 +38,27 @@ def test_a_forked_single_process_prints_and_exits_as_a_fresh_interpreter(tmp_pat
             assert fresh.returncode == 2 and "Traceback" not in forked.stderr
 
 
+def test_a_forked_script_runs_as_main_and_can_be_kept_from_the_package(tmp_path: Path) -> None:
+    """A script's path runs as `__main__` with the flags as `sys.argv[1:]`, its exit status
+    is the job's, and `without_package` drops the forkserver's copy of the package and
+    refuses a new import, as a blank notebook would."""
+    script = tmp_path / "probe.py"
+    script.write_text("import sys\n"
+                      "try:\n    import reference_impl.config\nexcept ModuleNotFoundError as exc:\n"
+                      "    print('refused:', exc)\n"
+                      "print(__name__, sys.argv[1:], 'reference_impl' in sys.modules)\n"
+                      "sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])\n")
+    blank = forked_ranks(["3", "x"], nproc=1, module=str(script), torchrun_env=False, without_package=True)
+    assert blank.returncode == 3, blank.stderr[-3000:]
+    assert "refused:" in blank.stdout and "blank notebook" in blank.stdout
+    assert "__main__ ['3', 'x'] False" in blank.stdout
+    with_package = forked_ranks(["0"], nproc=1, module=str(script), torchrun_env=False)
+    assert with_package.returncode == 0 and "refused" not in with_package.stdout
+    assert "__main__ ['0'] True" in with_package.stdout
+    message = forked_ranks(["stopped: one line"], nproc=1, module=str(script), torchrun_env=False)
+    assert message.returncode == 1 and message.stderr == "stopped: one line\n", "as `sys.exit(text)` does"
+
+
 def test_a_rank_that_fails_fails_the_job() -> None:
     run = forked_ranks(["exit", "1", "3"], module="rank_probe", timeout=60)
     assert run.returncode == 3
