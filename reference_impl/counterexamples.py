@@ -635,8 +635,8 @@ if __name__ == "__main__":
 
 
 # ------------------------------------------------------------------ multi-process helpers
-# Spawned workers must be importable (a test module's functions cannot be pickled by
-# `spawn`), so the tests start these with torch.multiprocessing.
+# torch.multiprocessing sends a worker to its process by reference, so the workers live
+# here, importable (a function defined inside a test or a notebook cell cannot be sent).
 
 @contextmanager
 def _gloo_group(rank: int, world_size: int, port: int) -> Iterator[None]:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # most others under one.
 SLOW_S, PROCESSES_S, QUICK_S = 12, 5, 1
 # Names by which a test module starts processes: the tests/launch.py helpers and the modules.
-STARTS_PROCESSES = {"subprocess", "mp", "multiprocessing", "run_command", "python_module", "spawn", "torchrun",
+STARTS_PROCESSES = {"subprocess", "mp", "multiprocessing", "run_command", "python_module", "run_ranks", "torchrun",
                     "forked_ranks", "train_ok"}
 
 

@@ -37,7 +37,7 @@ from reference_impl.launch import (
 )
 
 __all__ = ["REPO", "Run", "alive", "descendants", "forked_ranks", "free_port", "kill_tree", "python_module",
-           "run_command", "spawn", "torchrun", "train_ok"]
+           "run_command", "run_ranks", "torchrun", "train_ok"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,20 +60,25 @@ def run_command(cmd: list[str], timeout: float, env: dict[str, str] | None = Non
         pytest.fail(f"{exc}\n{exc.stdout[-3000:]}\n{exc.stderr[-5000:]}")
 
 
-def spawn(fn: Callable[..., None], args: tuple, nprocs: int = 2, timeout: float = 120) -> None:
-    """torch.multiprocessing.spawn with a deadline: a hung worker is killed, not waited for.
+def run_ranks(fn: Callable[..., None], args: tuple, nprocs: int = 2, timeout: float = 120) -> None:
+    """`fn(rank, *args)` in `nprocs` processes forked from the warm forkserver (`_context`),
+    as `torch.multiprocessing.start_processes` starts them, with a deadline: a hung rank is
+    killed, not waited for.
 
-    Plain `mp.spawn(join=True)` has no timeout, and a stuck non-daemon child would also
-    block the interpreter's exit, holding the whole test session hostage.
+    `fn` travels by reference, as under `mp.spawn`, but a child costs a fork instead of an
+    interpreter importing torch. Plain `mp.spawn(join=True)` has no timeout, and a stuck
+    non-daemon child would also block the interpreter's exit, holding the whole test
+    session hostage.
     """
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    _context()  # the forkserver starts with its preloaded modules
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="forkserver")
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
                 process.join(10)
-            pytest.fail(f"spawned {getattr(fn, '__name__', fn)} did not finish within {timeout}s")
+            pytest.fail(f"ranks of {getattr(fn, '__name__', fn)} did not finish within {timeout}s")
 
 
 def torchrun(args: list[str], nproc: int = 2, timeout: float = 120, max_restarts: int = 0,

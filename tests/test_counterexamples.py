@@ -1,7 +1,7 @@
 """Each naive version in reference_impl/counterexamples.py fails; the real code passes.
 
 These tests back the handbook's Pitfalls page: every test shows the failure with real
-machinery (DataLoader worker processes, spawned gloo process groups, subprocesses with
+machinery (DataLoader worker processes, real gloo process groups, subprocesses with
 different hash seeds, a kernel-enforced file size limit), then the fix.
 """
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from launch import free_port, spawn
+from launch import free_port, run_ranks
 from reference_impl import counterexamples as naive
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
@@ -170,7 +170,7 @@ def test_numpy_rng_state_fails_default_torch_load(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_rank0_only_rng_gives_every_rank_the_same_stream(tmp_path: Path) -> None:
-    spawn(naive.rank0_rng_worker, (2, free_port(), str(tmp_path)))
+    run_ranks(naive.rank0_rng_worker, (2, free_port(), str(tmp_path)))
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["naive"]["restored_own_stream"] is True
     assert r1["naive"]["restored_own_stream"] is False, "rank 1 got rank 0's RNG state"
@@ -231,7 +231,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
 # 6 ------------------------------------------------------------------------------------
 @pytest.mark.timeout(180)
 def test_accumulation_without_no_sync_allreduces_every_micro_batch(tmp_path: Path) -> None:
-    spawn(naive.ddp_allreduce_count_worker, (2, free_port(), str(tmp_path)))
+    run_ranks(naive.ddp_allreduce_count_worker, (2, free_port(), str(tmp_path)))
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["naive"] == {"allreduces": 2, "optimizer_steps": 2}

@@ -20,7 +20,7 @@ import pytest
 
 import preemption_worker
 from checkpoints import manager, published
-from launch import REPO, Run, alive, free_port, python_module, spawn
+from launch import REPO, Run, alive, free_port, python_module, run_ranks
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -209,7 +209,7 @@ def test_a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_without_a_co
     """Two gloo ranks: a signal that reached only one of them (either) makes `should_stop`
     True on both at the same step, soon after the signal; with no signal both go on. The
     agreement is an all-reduce every few steps, not one per step."""
-    spawn(preemption_worker.signalled_ranks, (2, free_port(), str(tmp_path)))
+    run_ranks(preemption_worker.signalled_ranks, (2, free_port(), str(tmp_path)))
     answers = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     worker = preemption_worker
     # One agreement interval of steps, plus the step it is read one boundary later.

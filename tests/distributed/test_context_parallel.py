@@ -1,6 +1,6 @@
 """Ring attention (`reference_impl.context_parallel`) against full causal attention.
 
-The distributed tests spawn real gloo process groups of 2 and 4 ranks; every rank checks
+The distributed tests start real gloo process groups of 2 and 4 ranks; every rank checks
 its rows of the output and of dq, dk, dv against full attention computed in one process,
 with contiguous and with load-balanced chunks. The pure functions (the log-sum-exp merge,
 the causal block counts, the bytes on the wire) are checked in this process.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import cp_worker
-from launch import free_port, python_module, spawn, train_ok
+from launch import free_port, python_module, run_ranks, train_ok
 from reference_impl.context_parallel import (
     block_attention,
     idle_share,
@@ -38,7 +38,7 @@ TRAIN = ["--model", "transformer", "--dataset-size", "512", "--warmup-steps", "2
 
 
 def _ring_results(world_size: int, tmp_path: Path) -> list[dict[str, dict[str, float]]]:
-    spawn(cp_worker.compare_with_full_attention, (world_size, free_port(), str(tmp_path)),
+    run_ranks(cp_worker.compare_with_full_attention, (world_size, free_port(), str(tmp_path)),
           nprocs=world_size, timeout=120)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
 
@@ -84,7 +84,7 @@ def test_transformer_on_two_context_parallel_ranks_equals_one_process(tmp_path: 
     """The reference transformer with ring attention (`parallelize`) on each rank's tokens and
     positions: the mean of the ranks' losses, and of their gradients for every parameter,
     equal one process's over the whole sequence within 1e-12 (float64)."""
-    spawn(cp_worker.compare_transformer_with_one_process, (2, free_port(), str(tmp_path)), timeout=120)
+    run_ranks(cp_worker.compare_transformer_with_one_process, (2, free_port(), str(tmp_path)), timeout=120)
     for rank in range(2):
         results = json.loads((tmp_path / f"model{rank}.json").read_text())
         assert set(results) == {"contiguous", "load_balanced"}

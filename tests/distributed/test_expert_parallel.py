@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 from experts_worker import CASES, HIDDEN, TOKENS, balance, ep_rank, full_block, inputs
-from launch import Run, free_port, python_module, spawn, train_ok
+from launch import Run, free_port, python_module, run_ranks, train_ok
 from sample_logs import losses, rank_log
 
 from reference_impl import calc
@@ -43,7 +43,7 @@ LAYOUTS = {2: 1, 4: 1}
 
 
 def _ranks(world_size: int, root: Path) -> list[dict[str, Any]]:
-    spawn(ep_rank, (world_size, free_port(), str(root)), nprocs=world_size, timeout=120)
+    run_ranks(ep_rank, (world_size, free_port(), str(root)), nprocs=world_size, timeout=120)
     return [torch.load(root / f"rank{r}.pt") for r in range(world_size)]
 
 
