@@ -1,6 +1,6 @@
 """FSDP2 under real torchrun (gloo): the math, restart exactness, async saves, resharding.
 
-Run as a script under torchrun (see `block_calls_under_torchrun`), this file is also the
+Run as a script under torchrun (see `block_calls_on_each_rank`), this file is also the
 driver that counts the transformer blocks' forward calls inside the real training loop.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import REPO, Run, python_module, torchrun, train_ok
+from launch import Run, forked_ranks, python_module, torchrun, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.export import export
@@ -65,7 +65,7 @@ AC_PROBE = ["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "5
             "--pg-timeout-s", "60"]
 
 
-def block_calls_under_torchrun() -> None:
+def block_calls_on_each_rank() -> None:
     """Driver (rank code): train the FSDP2 transformer with the real loop, with and without
     --activation-checkpointing, and print one `block_calls` event per rank and step: the
     block indices called during the forward pass and, separately, after the root module
@@ -105,8 +105,7 @@ def test_activation_checkpointing_recomputes_every_block_during_backward() -> No
     each block runs once per micro-batch in the forward pass and once more, in reverse
     order, during backward (its activations were not kept). Without the flag, no block
     runs during backward. A wrapper that dropped the flag would pass the loss test above."""
-    run = torchrun(AC_PROBE, nproc=2, timeout=120, module=str(Path(__file__)),
-                   env={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}"})  # this checkout's package
+    run = forked_ranks(AC_PROBE, nproc=2, timeout=120, module=str(Path(__file__)))  # this file's __main__
     assert run.returncode == 0, run.stderr[-4000:]
     events = run.of("block_calls")
     n_layers, micro_batches = 3, 2
@@ -202,5 +201,5 @@ def test_export_writes_a_consolidated_weights_only_file(reference: tuple[Run, Pa
 if __name__ == "__main__":
     from reference_impl.distributed import exit_process
 
-    block_calls_under_torchrun()
+    block_calls_on_each_rank()
     exit_process(0)  # see exit_process: an FSDP run's group must not be freed at shutdown
