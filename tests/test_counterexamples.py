@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from launch import free_port, run_ranks
+from launch import Run, forked_ranks, free_port, run_ranks
 from reference_impl import counterexamples as naive
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
@@ -33,6 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+
+
+def _own_process(code: str, script: Path, **env: str) -> Run:
+    """`code` run as the script `script`, with `env` added to its environment, in a process
+    of its own forked from the suite's warm forkserver: for a limit that holds per process
+    or a process group, where a new interpreter's start (and `PYTHONHASHSEED`) would change
+    nothing."""
+    script.write_text(textwrap.dedent(code))
+    return forked_ranks([], nproc=1, timeout=120, module=str(script), torchrun_env=False, env=env)
 
 
 # 1 ------------------------------------------------------------------------------------
@@ -184,12 +193,12 @@ def test_rank0_only_rng_gives_every_rank_the_same_stream(tmp_path: Path) -> None
 def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
     naive.naive_save({"w": torch.zeros(4)}, tmp_path, step=1)
     # Crash mid-write for real: the kernel refuses writes beyond 64 KiB (RLIMIT_FSIZE).
-    crash = _python(f"""
+    crash = _own_process(f"""
         import resource, torch
         from reference_impl.counterexamples import naive_save
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
         naive_save({{"w": torch.zeros(1_000_000)}}, {str(tmp_path)!r}, step=2)
-    """)
+    """, tmp_path / "naive_crash.py")
     assert crash.returncode != 0, "the save must have died part-way"
     latest = naive.naive_latest(tmp_path)
     assert latest is not None and latest.name == "step-00000002.pt", "the torn file is 'latest'"
@@ -208,7 +217,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
     state = build_state(cfg, DistContext())
     state.step = 1
     manager(ours).save(state, cfg, DistContext())
-    crash = _python(f"""
+    crash = _own_process(f"""
         import io, resource
         from pathlib import Path
         from reference_impl.checkpoint import CheckpointManager
@@ -221,7 +230,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
         state.step = 2
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
         CheckpointManager(Path(cfg.checkpoint_dir), EventLog(0, io.StringIO())).save(state, cfg, DistContext())
-    """)
+    """, tmp_path / "our_crash.py")
     assert crash.returncode != 0, "the save must have died part-way"
     assert [p.name for p in published(ours)] == ["step-00000001"]
     restored = manager(ours).restore(build_state(cfg, DistContext()), cfg, DistContext())
@@ -359,17 +368,18 @@ def test_missing_scheduler_state_restarts_the_schedule() -> None:
 
 # 11 -----------------------------------------------------------------------------------
 @pytest.mark.skipif(torch.cuda.is_available(), reason="demonstrates the CPU-only failure")
-def test_nccl_default_fails_on_a_cpu_machine() -> None:
+def test_nccl_default_fails_on_a_cpu_machine(tmp_path: Path) -> None:
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    bad = _python("from reference_impl.counterexamples import naive_init; naive_init()", **env)
+    bad = _own_process("from reference_impl.counterexamples import naive_init; naive_init()",
+                       tmp_path / "naive_init.py", **env)
     assert bad.returncode != 0 and "nccl" in bad.stderr.lower()
 
     env["MASTER_PORT"] = str(free_port())
-    good = _python("""
+    good = _own_process("""
         from reference_impl.distributed import distributed
         with distributed() as ctx:
             print(ctx.backend, ctx.device)
-    """, **env)
+    """, tmp_path / "our_init.py", **env)
     assert good.returncode == 0, good.stderr
     assert good.stdout.split() == ["gloo", "cpu"]
