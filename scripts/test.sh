@@ -12,7 +12,7 @@ if [ ! -x "${CHROMIUM:-/usr/bin/chromium}" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium fonts-liberation >/dev/null
 fi
 # Two workers: much of the suite waits on process start-up and collectives, not the CPU
-# (17-20 min of tests for the whole suite on a 2-core machine; a third worker gained 5%: the suite is CPU-bound). A later -n in "$@" wins: -n 0 runs
+# (about 14 min of tests for the whole suite on a 2-core machine; a third worker ran the tests no faster: the suite is CPU-bound). A later -n in "$@" wins: -n 0 runs
 # everything in this process. Whole files go to a worker, longest first (tests/conftest.py orders them; xdist's
 # own reordering by test count is off), so that a file's shared set-up is built once and the two workers
 # finish together.
