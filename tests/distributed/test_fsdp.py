@@ -1,7 +1,7 @@
 """FSDP2 under real torchrun (gloo): the math, restart exactness, async saves, resharding.
 
-Run as a script under torchrun (see `block_calls_on_each_rank`), this file is also the
-driver that counts the transformer blocks' forward calls inside the real training loop.
+Run as a script on each of two ranks (see `block_calls_on_each_rank`), this file is also
+the driver that counts the transformer blocks' forward calls inside the real training loop.
 """
 
 from __future__ import annotations
