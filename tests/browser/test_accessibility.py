@@ -47,6 +47,9 @@ async () => {
   }
   scrollTo(0, 0);
   await pause(300);
+  // axe reads colours from the drawn boxes, and a section off screen is not drawn until it
+  // nears the viewport (hooks/sections.py): draw them all, as a reader scrolling would.
+  document.querySelectorAll(".handbook-section").forEach((s) => { s.style.contentVisibility = "visible"; });
   document.querySelectorAll("details").forEach((d) => { d.open = true; });
   const questions = document.querySelectorAll("details.question");
   if (questions.length > 1) {

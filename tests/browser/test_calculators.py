@@ -207,7 +207,10 @@ def test_bad_inputs_throw_the_python_message(page) -> None:
 
 
 def _shown(form, key: str) -> str:
-    return form.locator(f'output[data-output="{key}"]').inner_text()
+    """The text a reader sees in an output; read on screen, since text off screen is not laid out."""
+    output = form.locator(f'output[data-output="{key}"]')
+    output.scroll_into_view_if_needed()
+    return output.inner_text()
 
 
 def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa: F811
@@ -307,6 +310,7 @@ def test_implausible_results_are_flagged_not_printed(browser, server) -> None:  
     context, page, problems = _open(browser, server + PLAYBOOK)
     try:
         form = page.locator('.handbook-calc[data-calc="memory"]')
+        form.scroll_into_view_if_needed()  # as a reader would: text off screen is not laid out
         form.get_by_label("Preset").select_option("Llama-3 405B")
         form.get_by_label("Strategy").select_option("ddp")
         assert "GB" not in _shown(form, "total_bytes")

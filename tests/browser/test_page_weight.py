@@ -1,4 +1,5 @@
-"""What a phone downloads: the home page's first screen within budget, a diagram only when near.
+"""What a phone downloads and draws: the home page's first screen within budget, a diagram
+only when near, a long page's text only when near (docs/hooks/sections.py).
 
 A diagram comes from its SVG, drawn ahead of time (docs/hooks/diagrams.py); one without a
 current SVG loads the Mermaid bundle instead, and only when it comes near the viewport.
@@ -120,4 +121,37 @@ def test_a_diagram_without_its_svg_loads_mermaid_only_when_near(browser, server)
         assert not transfers.asked_for(DRAWN)
     finally:
         context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
+# Each section block: is the browser drawing its text now (checkVisibility counts what a
+# content-visibility block skips as not visible), and the block's top edge.
+DRAWN_TEXT = "(s) => s.firstElementChild.checkVisibility({contentVisibilityAuto: true})"
+SECTIONS = f"""() => Array.from(document.querySelectorAll('.handbook-section'),
+  (s) => [({DRAWN_TEXT})(s), Math.round(s.getBoundingClientRect().top)])"""
+HEADING_TOP = "(id) => document.getElementById(id).getBoundingClientRect().top"
+FAR_HEADING = "in-the-reference-trainer"  # a heading two thirds down the parallelism playbook
+
+
+def test_a_long_pages_text_is_drawn_when_near_and_a_heading_link_still_lands_on_its_heading(
+        browser, server) -> None:  # noqa: F811
+    context, page = _phone(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "foundations/parallelism/", wait_until="load")
+        page.wait_for_timeout(500)
+        drawn = page.evaluate(SECTIONS)
+        assert len(drawn) > 10
+        assert drawn[0][0], "the text on the first screen is not drawn"
+        far = [visible for visible, top in drawn if top > 3 * PHONE["height"]]
+        assert far and not any(far), "text three screens down is drawn on load"
+        page.evaluate(f"() => {{ location.hash = '{FAR_HEADING}'; }}")
+        page.wait_for_timeout(500)
+        top = page.evaluate(HEADING_TOP, FAR_HEADING)
+        header = page.evaluate("() => document.querySelector('.md-header').getBoundingClientRect().height")
+        after = page.evaluate(f"() => ({DRAWN_TEXT})(document.getElementById('{FAR_HEADING}').nextElementSibling)")
+    finally:
+        context.close()
+    assert 0 <= top <= header + 40, f"the link put its heading at {top:.0f} px, not under the {header:.0f} px header"
+    assert after, "the text under the linked heading is not drawn"
     assert not problems.items, "\n".join(problems.items)
