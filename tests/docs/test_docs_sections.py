@@ -41,7 +41,13 @@ def _unwrapped(html: str) -> str:
     return "".join(pieces)
 
 
-def test_each_run_between_headings_is_one_block_and_the_headings_stay_outside() -> None:
+@pytest.fixture
+def any_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook wraps a page of any length (these test pages are short)."""
+    monkeypatch.setattr(sections, "SHORTEST_PX", 0)
+
+
+def test_each_run_between_headings_is_one_block_and_the_headings_stay_outside(any_length: None) -> None:
     page = ("<h1 id=\"t\">Title</h1>\n<p>Intro.</p>\n<div class=\"admonition\"><p>Aside</p></div>\n"
             "<h2 id=\"a\">A <code>x</code></h2>\n<table><tr><td>1</td></tr></table><hr>\n"
             "<h2 id=\"b\">B</h2>\n<h3 id=\"c\">C</h3>\n<pre><code>one\ntwo</code></pre>\n")
@@ -54,11 +60,25 @@ def test_each_run_between_headings_is_one_block_and_the_headings_stay_outside() 
     assert '</h2>\n<h3 id="c">' in wrapped
 
 
-def test_a_run_holding_a_heading_or_unbalanced_tags_is_left_as_it_is() -> None:
-    api = '<div class="doc doc-object"><h2 id="f">f</h2><p>Does f.</p></div>\n'
-    assert sections.wrap_sections(api) == api
+def test_inside_an_element_that_holds_a_heading_the_same_rule_applies(any_length: None) -> None:
+    api = ('<div class="doc doc-object"><h2 id="f">f</h2><div class="doc-contents"><p>Does f.</p>'
+           '<div class="doc-children"><h3 id="g">g</h3><p>Does g.</p></div></div></div>\n<p>After.</p>')
+    wrapped = sections.wrap_sections(api)
+    assert _unwrapped(wrapped) == api
+    blocks = re.findall(rf"{OPEN.pattern}(.*?)</div>", wrapped, re.S)
+    assert blocks == ["<p>Does f.</p>", "<p>Does g.</p>", "\n<p>After.</p>"]
+    assert re.search(r"<h2 id=\"f\">f</h2><div class=\"doc-contents\">", wrapped)
+
+
+def test_unbalanced_tags_or_a_short_page_are_left_as_they_are(any_length: None, monkeypatch) -> None:
     broken = "<h2>A</h2>\n<div><p>open\n<h2>B</h2><p>x</p>"
     assert sections.wrap_sections(broken) == broken
+    crossed = "<h2>A</h2>\n<div><p>x</div></p>"
+    assert sections.wrap_sections(crossed) == crossed
+    monkeypatch.setattr(sections, "SHORTEST_PX", 3500)
+    short = "<h1>T</h1><p>" + "word " * 100 + "</p>"
+    assert sections.wrap_sections(short) == short
+    assert sections.wrap_sections(short + "<p>" + "word " * 10_000 + "</p>") != short
 
 
 def test_the_room_held_grows_with_what_the_block_holds() -> None:
@@ -69,39 +89,40 @@ def test_the_room_held_grows_with_what_the_block_holds() -> None:
     assert sections.room("<table>" + "<tr><td>1</td></tr>" * 20 + "</table>") >= 20 * sections.ROW_PX
 
 
-class _TopLevel(HTMLParser):
-    """An article's top-level elements: [tag, class, holds a heading], and text between them."""
+class _LooseText(HTMLParser):
+    """Text of an HTML fragment that is neither in a heading nor in a section block."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.depth, self.elements, self.loose_text = 0, [], ""
+        self.stack: list[str] = []  # per open element: its tag, or "block" for a section block
+        self.loose: list[str] = []
+        self.blocks = 0
 
     def handle_starttag(self, tag, attrs):
-        if self.depth == 0:
-            self.elements.append([tag, dict(attrs).get("class") or "", False])
-        elif tag in sections.HEADINGS:
-            self.elements[-1][2] = True
-        self.depth += tag not in sections.VOID
+        if tag not in sections.VOID:
+            block = tag == "div" and dict(attrs).get("class") == "handbook-section"
+            self.blocks += block
+            self.stack.append("block" if block else tag)
 
     def handle_endtag(self, tag):
-        self.depth -= tag not in sections.VOID
+        if tag not in sections.VOID:
+            self.stack.pop()
 
     def handle_data(self, data):
-        if self.depth == 0:
-            self.loose_text += data.strip()
+        if data.strip() and not set(self.stack) & (sections.HEADINGS | {"block"}):
+            self.loose.append(data.strip())
 
 
-@pytest.mark.parametrize("page", ["foundations/parallelism/", "reference/all-in-one/", "interview/hard-questions/",
-                                  "biotech/molecular-data-pipelines/", ""])
-def test_a_built_pages_text_is_headings_and_section_blocks(built_site: Path, page: str) -> None:
+@pytest.mark.parametrize("page", ["foundations/parallelism/", "reference/all-in-one/", "practice/timed-drills/",
+                                  "biotech/molecular-data-pipelines/", "api/bench/", "interview/cheatsheet/"])
+def test_a_long_pages_text_is_all_in_headings_and_section_blocks(built_site: Path, page: str) -> None:
     html = (built_site / page / "index.html").read_text(encoding="utf-8")
     start = html.index(">", html.index('<article class="md-content__inner md-typeset">')) + 1
-    top = _TopLevel()
-    top.feed(html[start:html.index("</article>")])
-    # Besides headings and blocks: the theme's buttons (edit, view source), and a container
-    # with headings inside (the cheatsheet's print wrapper), which the hook leaves as it is.
-    others = [(tag, cls) for tag, cls, holds_heading in top.elements
-              if tag not in sections.HEADINGS | {"a"} and cls != "handbook-section" and not holds_heading]
-    assert not others, others
-    assert sum(cls == "handbook-section" for _, cls, _ in top.elements) >= 3
-    assert not top.loose_text, top.loose_text[:200]
+    text = _LooseText()
+    text.feed(html[start:html.index("</article>")])
+    assert text.blocks >= 3
+    assert not text.loose, text.loose[:5]
+
+
+def test_a_short_page_is_left_as_it_is(built_site: Path) -> None:
+    assert "handbook-section" not in (built_site / "practice" / "mock-interview" / "index.html").read_text("utf-8")
