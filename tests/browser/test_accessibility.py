@@ -23,6 +23,7 @@ PAGES = {
     "questions": "interview/hard-questions/",
     "calculator-and-plot": "reliability/performance/",
     "api": "api/config/",
+    "tabs": "practice/pitfalls/",
 }
 SCHEMES = {"light": "default", "dark": "slate"}
 # rule -> (CSS selector of the theme's element, why it stays)
