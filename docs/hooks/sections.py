@@ -15,8 +15,9 @@ Headings stay outside every block, so that the table of contents finds them with
 drawing what lies above, and a link to a heading scrolls near it at once;
 `docs/javascripts/sections.js` then keeps the heading in place while the blocks around it
 are drawn at their real size. An element that holds a heading (an API object's `<div>`, the
-cheatsheet's print wrapper) is not wrapped: the same rule applies inside it. A page too short to gain (under `SHORTEST_PX` of estimated text) or whose tags
-do not balance is left as it is.
+cheatsheet's print wrapper) is not wrapped: the same rule applies inside it. A page too
+short to gain (under `SHORTEST_PX` of estimated text) or whose tags do not balance is left
+as it is.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ OPEN = '<div class="handbook-section" style="contain-intrinsic-block-size: auto 
 # characters wide: one line of prose per LINE_CHARS characters, plus a line per table row,
 # listing line and block. It only has to be near: the browser keeps the real size once drawn.
 LINE_PX, LINE_CHARS, CODE_LINE_PX, ROW_PX, BLOCK_PX, DIAGRAM_PX = 26, 70, 18, 34, 20, 320
-# About four phone screens: a shorter page is drawn whole on load anyway. (Below it, too, a
-# block's text is out of reach of tools that read colours from the drawn page.)
+# About four phone screens: a shorter page is drawn whole on load anyway.
 SHORTEST_PX = 3500
 LISTING = re.compile(r"<pre\b.*?</pre>", re.S)
 # A closed <details> shows its summary only (an API object's source listing, an answer).

@@ -14,7 +14,12 @@
 
   const settle = () => {
     if (!location.hash || !document.querySelector(".handbook-section")) return;
-    const target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    let target;
+    try {
+      target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
+    } catch {
+      return;  // a malformed escape in the address: no heading to keep in place
+    }
     if (!target) return;
     let frames = 0;
     let stable = 0;

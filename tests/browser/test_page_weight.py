@@ -176,3 +176,14 @@ def test_a_link_to_a_heading_lands_on_it_while_the_text_around_is_drawn(
     assert abs(offset) <= 2, f"the heading is {offset:.0f} px from where a link puts it"
     assert after, "the text under the linked heading is not drawn"
     assert not problems.items, "\n".join(problems.items)
+
+
+def test_a_malformed_link_target_is_ignored_without_an_error(browser, server) -> None:  # noqa: F811
+    context, page = _phone(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "foundations/parallelism/#%E0%A4%A", wait_until="load")
+        page.wait_for_timeout(500)
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
