@@ -138,7 +138,8 @@ def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:  # 
     context, page = _phone(browser)
     problems = Problems(page)
     try:
-        page.goto(server + "foundations/parallelism/", wait_until="load")
+        # The address carries a malformed fragment, which sections.js must ignore without an error.
+        page.goto(server + "foundations/parallelism/#%E0%A4%A", wait_until="load")
         page.wait_for_timeout(500)
         drawn = page.evaluate(SECTIONS)
     finally:
@@ -177,13 +178,3 @@ def test_a_link_to_a_heading_lands_on_it_while_the_text_around_is_drawn(
     assert after, "the text under the linked heading is not drawn"
     assert not problems.items, "\n".join(problems.items)
 
-
-def test_a_malformed_link_target_is_ignored_without_an_error(browser, server) -> None:  # noqa: F811
-    context, page = _phone(browser)
-    problems = Problems(page)
-    try:
-        page.goto(server + "foundations/parallelism/#%E0%A4%A", wait_until="load")
-        page.wait_for_timeout(500)
-    finally:
-        context.close()
-    assert not problems.items, "\n".join(problems.items)
