@@ -87,6 +87,10 @@ def test_the_room_held_grows_with_what_the_block_holds() -> None:
     assert sections.room("<p>" + "word " * 400 + "</p>") > 10 * short
     assert sections.room("<pre><code>" + "x = 1\n" * 100 + "</code></pre>") >= 100 * sections.CODE_LINE_PX
     assert sections.room("<table>" + "<tr><td>1</td></tr>" * 20 + "</table>") >= 20 * sections.ROW_PX
+    # A closed <details> shows its summary only; an open one, all it holds.
+    body = "<pre><code>" + "x = 1\n" * 100 + "</code></pre>"
+    assert sections.room(f"<details><summary>Source</summary>{body}</details>") < 100
+    assert sections.room(f"<details open><summary>Source</summary>{body}</details>") >= 100 * sections.CODE_LINE_PX
 
 
 class _LooseText(HTMLParser):
