@@ -2,9 +2,9 @@
 and the package do.
 
 The core is 150 lines a candidate can type; these tests prove it is not a sketch: on one process
-and on two ranks under torchrun it ends with the same `state_digest` (a sha256 over every weight
-and optimizer value) as `reference_impl.notebook` with its defaults and as the package trainer with
-the notebook's settings, and a rank SIGKILLed after a checkpoint resumes to that same digest.
+and on two ranks (the core under torchrun) it ends with the same `state_digest` (a sha256 over every
+weight and optimizer value) as `reference_impl.notebook` with its defaults and as the package trainer
+with the notebook's settings, and a rank SIGKILLed after a checkpoint resumes to that same digest.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from reference_impl.metrics import EventLog
 from reference_impl.state import state_digest
 
 CORE = REPO / "reference_impl" / "interview_core.py"
+NOTEBOOK = REPO / "reference_impl" / "notebook.py"
 STEPS = 70  # past the end of the first epoch (4096 samples / 64 per step = 64 steps)
 
 
@@ -99,15 +100,18 @@ def core_flags(ckpt: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """Uninterrupted two-rank runs of the core, the notebook (its defaults: global batch 64 of
-    micro-batches of 16) and the package with the notebook's settings."""
+    """Uninterrupted two-rank runs of the core under torchrun (the page's command), and of the
+    notebook (its defaults: global batch 64 of micro-batches of 16) and the package with the
+    notebook's settings on forked ranks, which train exactly as under torchrun
+    (tests/distributed/test_forked_ranks.py; the notebook's own torchrun cells run in
+    tests/test_notebook_kernel.py)."""
     root = tmp_path_factory.mktemp("two-ranks")
     package_flags = ["--model", "mlp", "--max-steps", "30", "--micro-batch-size", "16", "--grad-accum-steps", "2",
                      "--warmup-steps", "5", "--precision", "bf16", "--checkpoint-dir", str(root / "package"),
                      "--checkpoint-every", "10"]
     runs = {"core": torchrun(core_flags(root / "core"), module=str(CORE)),
-            "notebook": torchrun(core_flags(root / "notebook"), module="reference_impl.notebook"),
-            "package": torchrun(package_flags)}
+            "notebook": forked_ranks(core_flags(root / "notebook"), module=str(NOTEBOOK)),
+            "package": forked_ranks(package_flags)}
     for name, run in runs.items():
         assert run.returncode == 0, f"{name}: {run.stderr[-4000:]}"
     return runs

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import reference_impl.train as package_train
-from launch import REPO, Run, forked_ranks, python_module, run_command, torchrun
+from launch import REPO, Run, forked_ranks, python_module, run_command
 from reference_impl import notebook as nb
 from reference_impl import step as step_module
 from reference_impl.config import TrainConfig
@@ -211,7 +211,8 @@ def test_equals_the_package_on_two_ranks(two_rank_reference: dict[str, Run]) -> 
 @pytest.fixture(scope="module")
 def two_rank_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """Uninterrupted two-rank runs of both trainers (global batch 64: 16 x 2 micro x 2 ranks),
-    on forked ranks: tests/test_interview_core.py runs both under torchrun itself."""
+    on forked ranks, which train exactly as under torchrun (tests/distributed/test_forked_ranks.py);
+    the notebook's own cells run the notebook under torchrun (tests/test_notebook_kernel.py)."""
     root = tmp_path_factory.mktemp("two-ranks")
     return {"short": forked_ranks(notebook_flags(root / "short", 64), module=str(NOTEBOOK)),
             "package": forked_ranks(package_flags(root / "package", 64, world=2))}
@@ -222,12 +223,10 @@ def two_rank_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ru
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_sigkilled_rank_resumes_to_the_uninterrupted_digest(
         rank: int, tmp_path: Path, two_rank_reference: dict[str, Run]) -> None:
-    """torchrun's agent restarts the job after rank 1's death, as in the notebook's own cell;
-    forked ranks, which restart as the agent does (tests/distributed/test_forked_ranks.py),
-    restart it after rank 0's."""
-    launch = torchrun if rank == 1 else forked_ranks
-    run = launch([*notebook_flags(tmp_path, 64), "--fail-at-step", "15", "--fail-rank", str(rank)],
-                 module=str(NOTEBOOK), max_restarts=1, timeout=180)
+    """Forked ranks restart the job as torchrun's agent does (tests/distributed/test_forked_ranks.py);
+    the notebook's own cell kills rank 1 under torchrun itself (tests/test_notebook_kernel.py)."""
+    run = forked_ranks([*notebook_flags(tmp_path, 64), "--fail-at-step", "15", "--fail-rank", str(rank)],
+                       module=str(NOTEBOOK), max_restarts=1, timeout=180)
     assert run.returncode == 0, run.stderr[-4000:]
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10], "resumed from step 10"
     assert run.digest() == two_rank_reference["short"].digest()

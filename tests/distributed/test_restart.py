@@ -1,9 +1,9 @@
 """Restart safety under real faults: every killed run resumes to the uninterrupted state.
 
 Each test runs real gloo jobs. The proof of exactness is the `state_digest` of
-`run_complete`: a sha256 over every parameter and optimizer tensor. Two kill tests (a
-kill of rank 0, and three kills in one run) run under `torchrun` itself, which restarts the
-ranks; the other cases restart forked ranks exactly as torchrun's agent does
+`run_complete`: a sha256 over every parameter and optimizer tensor. One kill test (a kill
+of rank 0) runs under `torchrun` itself, which restarts the ranks; the other cases, three
+kills in one run among them, restart forked ranks exactly as torchrun's agent does
 (`launch.forked_ranks`, held equal to torchrun by tests/distributed/test_forked_ranks.py),
 so each case pays for its training and not for six interpreters importing torch.
 """
@@ -32,8 +32,7 @@ def reference_digest(flags: list[str], tmp_path_factory: pytest.TempPathFactory)
     return _REFERENCES[key]
 
 
-# The case whose kill torchrun's own agent restarts (as in the three-kill test); the others
-# restart forked ranks.
+# The case whose kill torchrun's own agent restarts; the others restart forked ranks.
 UNDER_TORCHRUN = ("rank0_killed",)
 
 
@@ -73,8 +72,7 @@ def test_sigkill_and_restart_is_bit_exact(case: str, tmp_path, tmp_path_factory)
 
 @pytest.mark.slow
 def test_three_kills_in_one_run_are_bit_exact(tmp_path, tmp_path_factory) -> None:
-    run = killed_run([], ["--fail-at-step", "12,17,26", "--fail-rank", "1"], str(tmp_path), restarts=3,
-                     under_torchrun=True)
+    run = killed_run([], ["--fail-at-step", "12,17,26", "--fail-rank", "1"], str(tmp_path), restarts=3)
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10, 10, 20]
     assert [e["restart_count"] for e in run.of("run_start")] == [0, 1, 2, 3]
     assert run.digest() == reference_digest([], tmp_path_factory)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, alive, descendants, kill_tree, python_module, torchrun
+from launch import REPO, alive, descendants, forked_ranks, kill_tree, python_module, torchrun
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.launch import torchrun_command
 from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, PREEMPTED_EXIT
@@ -91,9 +91,9 @@ def test_workers_die_with_an_agent_sigkilled_while_they_import(tmp_path: Path) -
         pass
 
 
-@pytest.mark.slow  # three torchrun launches: a reference, the stopped attempt and its restart
+@pytest.mark.slow  # the stopped attempt and its restart under torchrun; the reference on forked ranks
 def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step_and_resumes_bit_exactly(tmp_path: Path) -> None:
-    reference = torchrun([*BASE, "--checkpoint-dir", str(tmp_path / "reference")])
+    reference = forked_ranks([*BASE, "--checkpoint-dir", str(tmp_path / "reference")])
     run = torchrun([*BASE, "--fail-mode", "sigterm", "--fail-at-step", "15", "--fail-rank", "1",
                     "--checkpoint-dir", str(tmp_path / "ckpt")], max_restarts=1)
     assert run.returncode == 0, run.stderr[-3000:]
