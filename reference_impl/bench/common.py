@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import shutil
 import statistics
@@ -145,6 +146,30 @@ def interleave(rounds: int, cases: dict[str, Callable[[], T]]) -> dict[str, list
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A confidence interval for the median of the distribution `values` were drawn from.
+
+    Distribution-free: the j-th smallest and j-th largest value, with j the largest rank
+    for which the chance that fewer than j of n draws fall below the median, a binomial
+    tail with p = 1/2, is at most (1 - confidence) / 2. Timings on a shared machine have
+    long, lopsided tails, which this assumes nothing about. Below six values no rank
+    reaches 95% and the interval is the whole range.
+
+    Args:
+        values: Independent measurements, e.g. one ratio per interleaved round.
+        confidence: The interval's coverage.
+
+    Returns:
+        (low, high).
+    """
+    ordered, n = sorted(values), len(values)
+    tail, below, j = (1 - confidence) / 2, 0.0, 0
+    while below + math.comb(n, j) / 2**n <= tail:
+        below += math.comb(n, j) / 2**n
+        j += 1
+    return (ordered[j - 1], ordered[n - j]) if j else (ordered[0], ordered[-1])
 
 
 def settle(ctx: DistContext) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from reference_impl.bench.common import Clock, benchmark, interleave, median, report
+from reference_impl.bench.common import Clock, benchmark, interleave, median, median_interval, report
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
@@ -23,7 +23,10 @@ from reference_impl.train import build_dataset, build_state, train
 
 
 def _add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=5,
+    # Many short rounds rather than a few long ones: each round's two loops run seconds
+    # apart, so a change in the machine's load lands on both, and the rounds' ratios give
+    # the median a confidence interval narrower than the effects worth reading.
+    parser.add_argument("--rounds", type=int, default=31,
                         help="timed rounds; each runs both loops, alternating which goes first")
     # One thread by default: on a small shared machine a spinning intra-op pool turns
     # other processes' load into noise far larger than the overhead being measured.
@@ -93,7 +96,9 @@ def overhead(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
 
     One untimed warm-up of each comes first (thread pools, allocator). Each round then
     runs both loops, alternating which goes first, so drift in machine load lands on
-    both sides. The per-round ratios give the spread, to read beside the effect.
+    both sides. The per-round ratios give the spread, to read beside the effect, and their
+    median a 95% confidence interval (`median_interval`): read a ratio as settled only when
+    that interval is narrower than the difference in question.
 
     A second comparison on a tiny model (hidden size 8, micro-batch 2), where the math
     costs almost nothing, gives the trainer's fixed cost per step: its CPU time per step
@@ -113,16 +118,22 @@ def overhead(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     ratio = main["ms"]["trainer"] / main["ms"]["bare"]
     cpu_ratio = main["cpu_ms"]["trainer"] / main["cpu_ms"]["bare"]
     rows.append(["trainer/bare", ratio, min(ratios), max(ratios), cpu_ratio])
+    low, high = median_interval(ratios)
+    rows.append(["per-round ratio: median, 95% CI", median(ratios), low, high, ""])
     extra: dict[str, Any] = {}
     if args.tiny_steps > 0:
         tiny = _compare(replace(cfg, hidden_dim=8, micro_batch_size=2, max_steps=args.tiny_steps), args.rounds)
         fixed = [(t - b) * 1e6 for t, b in zip(tiny["cpu"]["trainer"], tiny["cpu"]["bare"], strict=True)]
+        fixed_low, fixed_high = median_interval(fixed)
         rows.append(["tiny: trainer - bare (µs CPU)", median(fixed), min(fixed), max(fixed), ""])
+        rows.append(["tiny: median, 95% CI", median(fixed), fixed_low, fixed_high, ""])
         extra = {"fixed_us_per_step": round(median(fixed), 1), "fixed_us_min": round(min(fixed), 1),
-                 "fixed_us_max": round(max(fixed), 1), "tiny_steps": args.tiny_steps}
+                 "fixed_us_max": round(max(fixed), 1), "fixed_us_ci": [round(fixed_low, 1), round(fixed_high, 1)],
+                 "tiny_steps": args.tiny_steps}
     return report("overhead", ["loop", "median ms/step", "min", "max", "cpu ms/step"], rows, {
         "ratio": round(ratio, 4), "cpu_ratio": round(cpu_ratio, 4),
         "ratio_min": round(min(ratios), 4), "ratio_max": round(max(ratios), 4),
+        "ratio_per_round": round(median(ratios), 4), "ratio_ci": [round(low, 4), round(high, 4)],
         "trainer_ms_per_step": round(main["ms"]["trainer"], 4), "bare_ms_per_step": round(main["ms"]["bare"], 4),
         **extra,
         "rounds": args.rounds, "steps": cfg.max_steps, "model": cfg.model,
