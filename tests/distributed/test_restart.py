@@ -133,7 +133,7 @@ def test_a_rank_blocked_in_a_collective_fails_the_job_within_the_timeout(tmp_pat
 
 @pytest.mark.slow
 def test_the_watchdog_reports_a_stalled_step_on_every_rank(tmp_path) -> None:
-    run = forked_ranks([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
+    run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
                     "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=90)
     assert run.returncode != 0
     by_rank = {e["rank"]: e for e in run.of("error")}
