@@ -18,7 +18,9 @@
   a float8 linear against bf16 by size, eager and compiled, and the bare matmuls' ratio;
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
   data file the `pipeline` plot beside it draws (`hooks/plots.py`), so table and plot
-  always show the same run.
+  always show the same run;
+* `accessibility_known`: the axe-core findings on the theme's own elements that remain
+  (`docs/data/accessibility_known.json`, the same file the accessibility test reads).
 
 An unknown name stops the build with a `ValueError` that lists the known ones.
 """
@@ -180,10 +182,18 @@ def memory_grid_reduced() -> str:
     return _memory_grid("memory_grid_reduced")
 
 
+def accessibility_known() -> str:
+    """Each axe rule the browser test lets pass on a theme element, where, and why it stays."""
+    rules = json.loads((DATA / "accessibility_known.json").read_text(encoding="utf-8"))["rules"]
+    rows = [f"| `{rule}` | {known['element']} (`{known['selector']}`) | {known['reason']} |"
+            for rule, known in rules.items()]
+    return "\n".join(["| axe rule | Where | Why it stays |", "| --- | --- | --- |", *rows]) + "\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
                                         "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_ladder": gpu_ladder,
-                                        "gpu_fp8": gpu_fp8}
+                                        "gpu_fp8": gpu_fp8, "accessibility_known": accessibility_known}
 
 
 def table(name: str) -> str:

@@ -3,11 +3,13 @@
 axe-core is vendored (`vendor/axe-*.min.js`, MPL-2.0, licence beside it) and injected into
 the page, so the test works offline. A violation fails the test unless every node of it
 lies in a part of the page that Material's templates own and our CSS cannot reach; those
-are listed in `KNOWN`, each with the reason it stays.
+are listed in `docs/data/accessibility_known.json`, each with the reason it stays (the
+accessibility page renders that file).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,15 +28,10 @@ PAGES = {
     "tabs": "practice/pitfalls/",
 }
 SCHEMES = {"light": "default", "dark": "slate"}
-# rule -> (CSS selector of the theme's element, why it stays)
-KNOWN = {
-    "region": (".md-progress", "the instant-navigation progress bar sits outside every landmark, by the template"),
-    "landmark-unique": (".md-code__nav, .md-sidebar nav",
-                        "the theme's code-block button bar and the API pages' nested tables of contents "
-                        "are unnamed <nav> elements"),
-    "scrollable-region-focusable": (".md-typeset__scrollwrap",
-                                    "the theme's scroll wrapper of a wide table takes no keyboard focus"),
-}
+# rule -> CSS selector of the theme's elements on which its violations are let pass; the
+# accessibility page shows the same file as its table of what remains, and why.
+KNOWN_FILE = Path(__file__).resolve().parents[2] / "docs" / "data" / "accessibility_known.json"
+KNOWN = {rule: known["selector"] for rule, known in json.loads(KNOWN_FILE.read_text(encoding="utf-8"))["rules"].items()}
 # Open every answer, and mark two questions so the pressed and focused states are audited too.
 # The theme measures each listing (and drops its keyboard stop if it does not scroll) when
 # it first comes near the viewport; axe scrolls while it runs, so without a pass over the
@@ -92,7 +89,7 @@ def test_no_accessibility_violation_of_ours(browser, server, built_site: Path, k
             assert render_diagrams(page, diagrams) >= diagrams
         page.evaluate(PREPARE)
         page.add_script_tag(path=str(AXE))
-        violations = page.evaluate(RUN_AXE, {rule: selector for rule, (selector, _) in KNOWN.items()})
+        violations = page.evaluate(RUN_AXE, KNOWN)
     finally:
         context.close()
     report = [f"{v['id']} ({v['help']}):\n    " + "\n    ".join(v["nodes"][:10]) for v in violations]
