@@ -23,7 +23,7 @@ as it is.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any
 
@@ -44,7 +44,7 @@ TAG = re.compile(r"<[^>]+>")
 
 @dataclass
 class _Element:
-    """A top-level element of an HTML fragment: its offsets and whether it holds a heading."""
+    """An element of an HTML fragment: its offsets, whether it holds a heading, its children."""
 
     tag: str
     start: int
@@ -52,46 +52,48 @@ class _Element:
     inner_end: int = -1
     end: int = -1
     holds_heading: bool = False
+    children: list[_Element] = field(default_factory=list)
 
 
-class _Children(HTMLParser):
-    """The top-level elements of an HTML fragment, in order."""
+class _Tree(HTMLParser):
+    """The elements of an HTML fragment as a tree, from one pass over it (`root.children`)."""
 
     def __init__(self, content: str) -> None:
         super().__init__(convert_charrefs=False)
         self.content = content
-        self.elements: list[_Element] = []
+        self.root = _Element("", 0, 0, len(content), len(content))
         self.balanced = True
-        self._depth = 0
+        self._open = [self.root]
         self._line_starts = [0] + [m.end() for m in re.finditer("\n", content)]
         self.feed(content)
         self.close()
-        self.balanced = self.balanced and self._depth == 0
+        self.balanced = self.balanced and len(self._open) == 1
 
     def _position(self) -> int:
         line, column = self.getpos()
         return self._line_starts[line - 1] + column
 
     def handle_starttag(self, tag: str, attrs: Any) -> None:
-        if self._depth == 0:
-            start = self._position()
-            self.elements.append(_Element(tag, start, start + len(self.get_starttag_text() or "")))
-            if tag in VOID:
-                self.elements[-1].inner_end = self.elements[-1].end = self.elements[-1].inner_start
-        elif tag in HEADINGS:
-            self.elements[-1].holds_heading = True
-        self._depth += tag not in VOID
+        start = self._position()
+        element = _Element(tag, start, start + len(self.get_starttag_text() or ""))
+        self._open[-1].children.append(element)
+        if tag in HEADINGS:
+            for outer in self._open[1:]:
+                outer.holds_heading = True
+        if tag in VOID:
+            element.inner_end = element.end = element.inner_start
+        else:
+            self._open.append(element)
 
     def handle_endtag(self, tag: str) -> None:
         if tag in VOID:
             return
-        self._depth -= 1
-        if self._depth < 0 or (self._depth == 0 and tag != self.elements[-1].tag):
-            self.balanced, self._depth = False, 0
-        elif self._depth == 0:
-            element = self.elements[-1]
-            element.inner_end = self._position()
-            element.end = self.content.index(">", element.inner_end) + 1
+        if len(self._open) == 1 or self._open[-1].tag != tag:
+            self.balanced = False
+            return
+        element = self._open.pop()
+        element.inner_end = self._position()
+        element.end = self.content.index(">", element.inner_end) + 1
 
 
 def room(run: str) -> int:
@@ -108,26 +110,22 @@ def _block(run: str) -> str:
     return OPEN.format(room=room(run)) + run + "</div>" if run.strip() else run
 
 
-def _wrap(content: str) -> str | None:
-    """`content` with its runs wrapped, recursing into elements that hold a heading; None if
-    its tags do not balance."""
-    children = _Children(content)
-    if not children.balanced:
-        return None
-    pieces, run_start = [], 0
-    for element in children.elements:
+def _wrap(content: str, elements: list[_Element], start: int, end: int) -> str:
+    """`content[start:end]`, whose elements are `elements`, with its runs wrapped, recursing
+    into the elements that hold a heading."""
+    pieces, run_start = [], start
+    for element in elements:
         if element.tag not in HEADINGS and not element.holds_heading:
             continue  # part of the current run
         pieces.append(_block(content[run_start:element.start]))
         if element.tag in HEADINGS:
             pieces.append(content[element.start:element.end])
         else:
-            inner = _wrap(content[element.inner_start:element.inner_end])
-            if inner is None:
-                return None
-            pieces += [content[element.start:element.inner_start], inner, content[element.inner_end:element.end]]
+            pieces += [content[element.start:element.inner_start],
+                       _wrap(content, element.children, element.inner_start, element.inner_end),
+                       content[element.inner_end:element.end]]
         run_start = element.end
-    pieces.append(_block(content[run_start:]))
+    pieces.append(_block(content[run_start:end]))
     return "".join(pieces)
 
 
@@ -136,8 +134,8 @@ def wrap_sections(content: str) -> str:
     level that holds headings; as it is when it is short or its tags do not balance."""
     if room(content) < SHORTEST_PX:
         return content
-    wrapped = _wrap(content)
-    return content if wrapped is None else wrapped
+    tree = _Tree(content)
+    return _wrap(content, tree.root.children, 0, len(content)) if tree.balanced else content
 
 
 def on_page_content(content: str, **_: Any) -> str:
