@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from reference_impl.bench import BENCHMARKS, BenchmarkError, recovery_times
+from reference_impl.bench import main as bench_main
 from reference_impl.bench.common import median_interval
 from reference_impl.config import TrainConfig
 from reference_impl.model import build_model
@@ -79,6 +80,28 @@ def test_the_median_interval_covers_the_median_as_often_as_it_claims() -> None:
     covered = sum(low <= true_median <= high for low, high in
                   (median_interval([rng.expovariate(1.0) for _ in range(31)]) for _ in range(trials)))
     assert 0.95 <= covered / trials <= 0.99
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["overhead", "--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
+    (["overhead", "--threads", "0"], "argument --threads: must be at least 1, got 0"),
+    (["overhead", "--tiny-steps", "-1"], "argument --tiny-steps: must be at least 0, got -1"),
+    (["checkpoint", "--hidden-dims", "4096,0"], "argument --hidden-dims: must be at least 1, got 0"),
+    (["checkpoint", "--hidden-dims", ","], "argument --hidden-dims: needs at least one number"),
+    (["pipeline", "--microbatches", "x"], "argument --microbatches: invalid int_list value: 'x'"),
+    (["async", "--nproc", "0"], "argument --nproc: must be at least 1, got 0"),
+    (["peers", "--checkpoint-hidden-dim", "-5"], "argument --checkpoint-hidden-dim: must be at least 1, got -5"),
+    (["fp8", "--iters", "0"], "argument --iters: must be at least 1, got 0"),
+])
+def test_a_bad_count_is_one_line_and_exit_status_2(argv: list[str], message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Rounds, threads, sizes and process counts are checked where they are parsed: before,
+    `--rounds 0` ran the benchmark and ended in a StatisticsError traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        bench_main(argv)
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"python -m reference_impl.bench {argv[0]}: error: {message}"
 
 
 COMPILE_FLAGS = ["--max-steps", "3", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--hidden-dim", "64",

@@ -33,7 +33,7 @@ import sys
 # Importing a benchmark module registers it.
 from reference_impl.bench import async_save, checkpoint, compile_speed, fp8_speed, gpu, overhead, peers, pipeline  # noqa: F401,E501
 from reference_impl.bench.checkpoint import recovery_times
-from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, report
+from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, positive_int, report
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.launch import torchrun_command
 from reference_impl.train import preflight
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         subparser = sub.add_parser(name, help=bench.help, description=bench.help, allow_abbrev=False)
         bench.add_arguments(subparser)
         if bench.nproc:
-            subparser.add_argument("--nproc", type=int, default=bench.nproc,
+            subparser.add_argument("--nproc", type=positive_int, default=bench.nproc,
                                    help="processes torchrun starts, one per device")
     return parser
 

@@ -24,6 +24,7 @@ from reference_impl.bench.common import (
     interleave,
     launched,
     median,
+    positive_int,
     report,
     settle,
     timed,
@@ -42,7 +43,7 @@ RECOVERY_TIMEOUT_S = 300.0
 
 
 def _add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="rounds per measurement (median reported), and SIGKILL recovery runs")
     parser.add_argument("--hidden-dims", type=int_list, default=(4096, 10000),
                         help="model sizes: comma-separated --hidden-dim values, one measurement each "

@@ -216,12 +216,32 @@ def trained_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     return state
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (rounds, threads, sizes)."""
+    value = int(text)  # argparse reports a ValueError as "invalid positive_int value"
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 0, where 0 skips the measurement."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def int_list(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split(",") if part.strip())
+    """An argparse type: comma-separated whole numbers of at least 1, one or more."""
+    values = tuple(positive_int(part) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError("needs at least one number")
+    return values
 
 
 def add_rounds_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="timed rounds of a sync and an async save, alternating which goes first")
 
 

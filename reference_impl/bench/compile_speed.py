@@ -10,14 +10,15 @@ from typing import Any
 
 import torch
 
-from reference_impl.bench.common import benchmark, interleave, median, report
+from reference_impl.bench.common import benchmark, interleave, median, positive_int, report
 from reference_impl.bench.overhead import trainer_loop
 from reference_impl.config import ConfigError, TrainConfig
 
 
 def _add_compile_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, alternating which loop goes first")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="timed rounds, alternating which loop goes first")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
 
 
 @benchmark("compile", "the trainer's step eager against --compile (inductor): speed-up, compile time, "

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from reference_impl.bench.common import benchmark, int_list, interleave, median, report
+from reference_impl.bench.common import benchmark, int_list, interleave, median, positive_int, report
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.fp8 import E4M3, Float8Linear, _mm, to_float8
 
@@ -27,9 +27,10 @@ from reference_impl.fp8 import E4M3, Float8Linear, _mm, to_float8
 def _add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=int_list, default=(1024, 2048, 4096, 8192),
                         help="comma-separated K: each case is a K x K linear layer (multiples of 16)")
-    parser.add_argument("--tokens", type=int, default=8192, help="rows of the input (a multiple of 16)")
-    parser.add_argument("--iters", type=int, default=20, help="forward and backward passes per timed round")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, alternating which case goes first")
+    parser.add_argument("--tokens", type=positive_int, default=8192, help="rows of the input (a multiple of 16)")
+    parser.add_argument("--iters", type=positive_int, default=20, help="forward and backward passes per timed round")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="timed rounds, alternating which case goes first")
     parser.add_argument("--compile", action="store_true",
                         help="also time both layers under torch.compile (the casts fuse into their producers)")
 

@@ -13,7 +13,16 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from reference_impl.bench.common import Clock, benchmark, interleave, median, median_interval, report
+from reference_impl.bench.common import (
+    Clock,
+    benchmark,
+    count,
+    interleave,
+    median,
+    median_interval,
+    positive_int,
+    report,
+)
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
@@ -26,12 +35,12 @@ def _add_overhead_arguments(parser: argparse.ArgumentParser) -> None:
     # Many short rounds rather than a few long ones: each round's two loops run seconds
     # apart, so a change in the machine's load lands on both, and the rounds' ratios give
     # the median a confidence interval narrower than the effects worth reading.
-    parser.add_argument("--rounds", type=int, default=31,
+    parser.add_argument("--rounds", type=positive_int, default=31,
                         help="timed rounds; each runs both loops, alternating which goes first")
     # One thread by default: on a small shared machine a spinning intra-op pool turns
     # other processes' load into noise far larger than the overhead being measured.
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--tiny-steps", type=int, default=500,
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
+    parser.add_argument("--tiny-steps", type=count, default=500,
                         help="steps per loop and round on the tiny model that isolates the fixed "
                              "per-step cost (0 skips it)")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from reference_impl.bench.common import benchmark, interleave, median, report, timed, trained_state
+from reference_impl.bench.common import benchmark, count, interleave, median, positive_int, report, timed, trained_state
 from reference_impl.bench.overhead import bare_loop, shuffled_loader, timed_loop, trainer_loop
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
@@ -36,10 +36,11 @@ PEERS = ("accelerate", "lightning")
 
 
 def _add_peers_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds, alternating the order of the cases")
-    parser.add_argument("--tiny-steps", type=int, default=500,
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="timed rounds, alternating the order of the cases")
+    parser.add_argument("--tiny-steps", type=count, default=500,
                         help="steps per loop and round on the tiny model that isolates the fixed per-step cost")
-    parser.add_argument("--checkpoint-hidden-dim", type=int, default=4096,
+    parser.add_argument("--checkpoint-hidden-dim", type=positive_int, default=4096,
                         help="the MLP's hidden size for the checkpoint cases (4096: 17 M parameters)")
 
 
@@ -74,8 +75,8 @@ LOOPS: dict[str, Callable[[TrainConfig], tuple[float, float]]] = {
 class Saver:
     """One way of writing and reading back a model and its optimizer."""
 
-    save: Callable[[Path], None]
-    load: Callable[[Path], None]
+    save: Callable[[Path], object]  # what it returns is not used
+    load: Callable[[Path], object]  # what it returns is not used
 
 
 def savers(state: TrainState, cfg: TrainConfig) -> dict[str, Saver]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from reference_impl.bench.common import benchmark, int_list, report
+from reference_impl.bench.common import benchmark, int_list, positive_int, report
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import distributed
 from reference_impl.pipeline import SCHEDULES, measure_bubble
@@ -14,7 +14,7 @@ from reference_impl.pipeline import SCHEDULES, measure_bubble
 def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", type=int_list, default=(2, 4, 8, 16),
                         help="micro-batches per step: comma-separated, one measurement each")
-    parser.add_argument("--rounds", type=int, default=2, help="timed steps per case (the fastest counts)")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="timed steps per case (the fastest counts)")
 
 
 @benchmark("pipeline", "pipeline bubble: each stage's measured idle share vs (P-1)/(M+P-1), GPipe and 1F1B",
