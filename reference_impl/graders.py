@@ -100,10 +100,22 @@ def run_ranks(target: Callable[..., Any], nprocs: int, args: tuple = (), attempt
     return runs
 
 
+# What gloo says on a rank whose peer died first: a consequence, not the cause.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "connectFullMesh failed")
+
+
+def _last_line(run: RankRun) -> str:
+    return run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+
+
 def _exited_cleanly(runs: list[RankRun], what: str) -> None:
-    """Fail with the first failed rank's exit status and the last line it wrote to stderr."""
-    bad = next((r for r in runs if r.exitcode != 0), None)
-    last = bad.stderr.strip().splitlines()[-1] if bad and bad.stderr.strip() else ""
+    """Fail with a failed rank's exit status and the last line it wrote to stderr: the first
+    one with an error of its own, before one that only lost a peer (which of the two exits
+    first is a race)."""
+    failed = [r for r in runs if r.exitcode != 0]
+    bad = next((r for r in failed if not any(lost in _last_line(r) for lost in PEER_LOST)),
+               failed[0] if failed else None)
+    last = _last_line(bad) if bad else ""
     who = f"rank {runs.index(bad)}" if bad and len(runs) > 1 else "the process"
     assert bad is None, f"{what}: {who} exited with status {bad.exitcode}: {last}"
 

@@ -256,3 +256,17 @@ def test_drill_8_grader(answer: str, capsys: pytest.CaptureFixture[str]) -> None
     finally:
         torch.set_num_threads(threads)
     assert_fails_exactly(results, capsys.readouterr().out, expected)
+
+
+@pytest.mark.parametrize("peer_lost_on", [0, 1])
+def test_a_failed_run_is_reported_by_its_cause_not_by_the_rank_that_lost_a_peer(peer_lost_on: int) -> None:
+    """Rank 1 dies on a torn file; rank 0, still connecting, reports only that its peer left.
+    Which of the two the grader sees first is a race; the reason names the torn file either way."""
+    cause = graders.RankRun(1, "", "Traceback ...\nRuntimeError: failed finding central directory\n", None)
+    consequence = graders.RankRun(1, "", "RuntimeError: Gloo connectFullMesh failed ... Connection closed by peer\n",
+                                  None)
+    runs = [consequence, cause] if peer_lost_on == 0 else [cause, consequence]
+    with pytest.raises(AssertionError, match=r"restoring: rank \d exited with status 1: .*central directory$"):
+        graders._exited_cleanly(runs, "restoring")
+    with pytest.raises(AssertionError, match="rank 0 exited with status 1: .*Connection closed by peer"):
+        graders._exited_cleanly([consequence, graders.RankRun(0, "", "", None)], "restoring")
