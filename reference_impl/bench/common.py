@@ -216,20 +216,21 @@ def trained_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
     return state
 
 
+def _at_least(low: int, text: str) -> int:
+    value = int(text)  # argparse reports a ValueError as "invalid <type name> value"
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (rounds, threads, sizes)."""
-    value = int(text)  # argparse reports a ValueError as "invalid positive_int value"
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+    return _at_least(1, text)
 
 
 def count(text: str) -> int:
     """An argparse type: a whole number of at least 0, where 0 skips the measurement."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+    return _at_least(0, text)
 
 
 def int_list(text: str) -> tuple[int, ...]:

@@ -75,8 +75,9 @@ LOOPS: dict[str, Callable[[TrainConfig], tuple[float, float]]] = {
 class Saver:
     """One way of writing and reading back a model and its optimizer."""
 
-    save: Callable[[Path], object]  # what it returns is not used
-    load: Callable[[Path], object]  # what it returns is not used
+    # Either may return something (Fabric's load returns what it did not restore); it is unused.
+    save: Callable[[Path], object]
+    load: Callable[[Path], object]
 
 
 def savers(state: TrainState, cfg: TrainConfig) -> dict[str, Saver]:

@@ -177,4 +177,3 @@ def test_a_link_to_a_heading_lands_on_it_while_the_text_around_is_drawn(
     assert abs(offset) <= 2, f"the heading is {offset:.0f} px from where a link puts it"
     assert after, "the text under the linked heading is not drawn"
     assert not problems.items, "\n".join(problems.items)
-
