@@ -9,6 +9,9 @@ checkpoint written by a compiled run restores into an eager one and back.
 # --8<-- [start:imports]
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -32,3 +35,18 @@ def compile_units(model: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
         unit.forward = torch.compile(unit.forward)
     return units
 # --8<-- [end:compile_units]
+
+
+# --8<-- [start:compiled_loss]
+@functools.cache
+def compiled_loss(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                  ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`loss` compiled, once per process: what `--compile` trains with.
+
+    The loss is the one memory-bound stretch the blocks' compile does not reach. Eager,
+    the cross-entropy's fp32 upcast, log-softmax and their backward each make a full pass
+    over the batch x sequence x vocabulary logits; inductor fuses them, reading the bf16
+    logits and writing their bf16 gradient without materializing the fp32 copy.
+    """
+    return torch.compile(loss)
+# --8<-- [end:compiled_loss]

@@ -50,13 +50,34 @@ class DistContext:
         return bool(self.backend)
 
 
-def pick_device(preference: str, local_rank: int) -> torch.device:
-    """Return cuda:<local_rank> when CUDA is wanted and present, else the CPU."""
+def pick_device(preference: str, local_rank: int, local_world_size: int = 1) -> torch.device:
+    """Return cuda:<local_rank> when CUDA is wanted and present, else the CPU.
+
+    Args:
+        preference: `--device`: "cuda", "cpu" or "auto" (a GPU when there is one).
+        local_rank: This rank's place on its node (torchrun's LOCAL_RANK): its GPU.
+        local_world_size: Ranks on this node (torchrun's LOCAL_WORLD_SIZE). Every rank
+            checks the same count, so all refuse a node short of GPUs alike.
+
+    Raises:
+        RuntimeError: CUDA was asked for and no GPU is visible, or the node starts more
+            ranks than it has GPUs (NCCL refuses two ranks of a group on one device).
+    """
     if preference == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was requested but no GPU is visible")
     if preference != "cpu" and torch.cuda.is_available():
+        ranks = max(local_rank + 1, local_world_size)
+        if ranks > (gpus := torch.cuda.device_count()):
+            raise RuntimeError(f"{ranks} ranks on this node but {gpus} GPU(s) visible: each rank needs a GPU "
+                               f"of its own; start at most {gpus} per node, or pass --device cpu")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def node_ranks() -> tuple[int, int]:
+    """This rank's (LOCAL_RANK, LOCAL_WORLD_SIZE) from torchrun's environment; (0, 1) outside it."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
 # --8<-- [end:context]
 
 
@@ -69,8 +90,8 @@ def init_distributed(device: str = "auto", timeout_s: float = 120.0) -> DistCont
     if "WORLD_SIZE" not in os.environ:
         return DistContext(device=pick_device(device, 0))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    dev = pick_device(device, local_rank)
+    local_rank, local_world_size = node_ranks()
+    dev = pick_device(device, local_rank, local_world_size)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # before init, so NCCL binds this rank to its own GPU
     backend = "nccl" if dev.type == "cuda" else "gloo"

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 # --8<-- [end:imports]
+from reference_impl.compiled import compiled_loss
 from reference_impl.config import TrainConfig
 from reference_impl.data import Batch
 from reference_impl.experts import aux_loss
@@ -80,6 +81,7 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
     zero would be two device ops per step that change no bit.
     """
     accum = cfg.grad_accum_steps
+    criterion = compiled_loss(loss_fn) if cfg.compile else loss_fn
     losses, indices = [], []
     for micro in range(accum):
         with timer.phase("data", host=True):
@@ -89,7 +91,7 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
         # Only the last micro-batch all-reduces; the others accumulate locally.
         with gradient_sync(model, enabled=micro == accum - 1 or cfg.fsdp_grad_sync == "every"):
             with timer.phase("forward"), autocast(device, cfg):
-                loss = loss_fn(model(x), y)
+                loss = criterion(model(x), y)
                 if cfg.n_experts:  # the routers' load-balancing loss trains with the task's
                     loss = loss + cfg.moe_aux_loss_coef * aux_loss(model)
                 if accum > 1:  # makes the summed gradients the mean over the global batch

@@ -27,7 +27,7 @@ from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample
-from reference_impl.distributed import DistContext, distributed, exit_process, pick_device
+from reference_impl.distributed import DistContext, distributed, exit_process, node_ranks, pick_device
 from reference_impl.experts import take_stats
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
@@ -241,11 +241,12 @@ def preflight(cfg: TrainConfig) -> None:
     checkpoint fits the config.
 
     Raises:
-        ConfigError: The device is missing, a path is not a directory, the sample log
-            cannot be written, or the newest checkpoint is incompatible.
+        ConfigError: The device is missing (or has fewer GPUs than ranks on this node), a
+            path is not a directory, the sample log cannot be written, or the newest
+            checkpoint is incompatible.
     """
     try:
-        pick_device(cfg.device, 0)
+        pick_device(cfg.device, *node_ranks())
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from None
     for name in ("checkpoint_dir", "sample_log"):

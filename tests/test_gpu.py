@@ -53,6 +53,27 @@ def test_a_sigkill_on_cuda_resumes_to_the_uninterrupted_digest(strategy: str, tm
     assert killed.digest() == reference.digest()
 
 
+@pytest.mark.skipif(GPUS < 2, reason="tensor parallel on NCCL needs two GPUs (NCCL will not put two ranks on one)")
+def test_tensor_parallel_bf16_on_nccl_learns() -> None:
+    """Sequence-parallel TP pairs (FSDP2 across the pairs when there are more than two GPUs)."""
+    curve = losses(job("--strategy", "fsdp", "--tp-degree", "2"))
+    assert curve == sorted(curve, reverse=True) and curve[-1] < curve[0] - 0.1, curve
+
+
+@pytest.mark.skipif(GPUS < 4 or GPUS % 2, reason="HSDP needs two replicas of at least two shards: four GPUs")
+def test_hsdp_bf16_on_nccl_learns() -> None:
+    curve = losses(job("--strategy", "fsdp", "--dp-replicate", "2"))
+    assert curve == sorted(curve, reverse=True) and curve[-1] < curve[0] - 0.1, curve
+
+
+def test_one_rank_more_than_the_gpus_is_refused_in_one_line() -> None:
+    """Without the check the extra rank died in `torch.cuda.set_device` with a traceback."""
+    run = torchrun(BASE, nproc=GPUS + 1, timeout=120)
+    assert run.returncode != 0
+    assert (f"reference_impl.train: error: {GPUS + 1} ranks on this node but {GPUS} GPU(s) visible: each rank "
+            f"needs a GPU of its own; start at most {GPUS} per node, or pass --device cpu") in run.stderr, run.stderr[-3000:]
+
+
 def test_compile_matches_eager_and_compiles_each_block_whole() -> None:
     eager, compiled = losses(job()), losses(job("--compile"))
     # bf16 matmuls fused differently: equal to a few bf16 ulps of the loss, not bit for bit.

@@ -34,6 +34,20 @@ def _add_gpu_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's dense bf16 peak in TFLOP/s, when the built-in table "
                              "does not know the device")
+    parser.add_argument("--strategies", type=strategy_list, default=STRATEGIES,
+                        help="the strategies to train, comma-separated, in the order given "
+                             "(default ddp,fsdp); the checkpoint stall is timed only with fsdp")
+
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+def strategy_list(text: str) -> tuple[str, ...]:
+    """An argparse type: comma-separated names from `STRATEGIES`, each once, one or more."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names or len(set(names)) < len(names) or not set(names) <= set(STRATEGIES):
+        raise argparse.ArgumentTypeError(f"needs one or more of {', '.join(STRATEGIES)}, each once; got {text!r}")
+    return names
 
 
 def peak_bf16_flops(device_name: str) -> float | None:
@@ -127,7 +141,8 @@ def graph_breaks() -> int:
 
 
 def gpu(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
-    """Train the same transformer under DDP, then FSDP2, and time FSDP checkpoint stalls.
+    """Train the same transformer under each of `--strategies` (DDP, then FSDP2, by default),
+    and time the FSDP state's checkpoint stalls.
 
     Runs on every rank under torchrun (one process per GPU; NCCL); rank 0 reports.
     Each strategy is measured by [`measured_training`][reference_impl.bench.gpu.measured_training];
@@ -135,7 +150,7 @@ def gpu(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     [`checkpoint_stall`][reference_impl.bench.async_save.checkpoint_stall] (async saves are FSDP-only).
 
     Args:
-        args: `--rounds` of checkpoint stall, `--peak-tflops`, `--nproc`.
+        args: `--rounds` of checkpoint stall, `--peak-tflops`, `--strategies`, `--nproc`.
         cfg: The run; `--strategy` is set to each strategy in turn.
 
     Raises:
@@ -147,15 +162,18 @@ def gpu(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     with distributed(cfg.device, cfg.pg_timeout_s) as ctx:
         device_name = torch.cuda.get_device_name(ctx.device)
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_bf16_flops(device_name)
-        ddp = measured_training(replace(cfg, strategy="ddp"), ctx, peak)[1]  # its state freed here
-        fsdp_cfg = replace(cfg, strategy="fsdp")
-        state, fsdp = measured_training(fsdp_cfg, ctx, peak)
-        stall = stall_summary(checkpoint_stall(state, fsdp_cfg, ctx, args.rounds))
+        runs, stall = {}, None
+        for strategy in args.strategies:
+            strategy_cfg = replace(cfg, strategy=strategy)
+            state, runs[strategy] = measured_training(strategy_cfg, ctx, peak)
+            if strategy == "fsdp":
+                stall = stall_summary(checkpoint_stall(state, strategy_cfg, ctx, args.rounds))
+            del state  # freed before the next strategy allocates its own
         if not ctx.is_main:
             return {}
-        runs = {"ddp": ddp, "fsdp": fsdp}
-        print(f"checkpoint stall (FSDP, median of {args.rounds}): sync {stall['sync_s']:.3f}s, "
-              f"async blocked {stall['blocked_s']:.3f}s ({100 * stall['blocked_ratio']:.0f}% of sync)")
+        if stall:
+            print(f"checkpoint stall (FSDP, median of {args.rounds}): sync {stall['sync_s']:.3f}s, "
+                  f"async blocked {stall['blocked_s']:.3f}s ({100 * stall['blocked_ratio']:.0f}% of sync)")
         rows = [[name, round(r["tokens_per_s"]), "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
                  r["peak_memory_gib"], *(r["phase_ms_per_step"][p] for p in PHASES),
                  f"{r['first_loss']:.3f}->{r['last_loss']:.3f}"] for name, r in runs.items()]

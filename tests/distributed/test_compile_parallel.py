@@ -39,12 +39,12 @@ def names(timeline: list[dict[str, Any]], prefix: str = "") -> list[str]:
 
 def assert_compiled_like_eager(eager: dict[str, Any], compiled: dict[str, Any], rank: int) -> None:
     """Equal losses to rounding (rank 0 logs them, averaged over the ranks); on every rank,
-    one graph for both blocks, with no graph break."""
+    one graph for both blocks and one for the loss, with no graph break."""
     if rank == 0:
         assert len(compiled["losses"]) == STEPS
         assert compiled["losses"] == pytest.approx(eager["losses"], rel=REL)
     assert compiled["graph_breaks"] == 0
-    assert compiled["unique_graphs"] == 1, "one graph, traced once, serves both blocks"
+    assert compiled["unique_graphs"] == 2, "one graph, traced once, serves both blocks; the loss has its own"
 
 
 def test_compiled_ddp_matches_eager_and_all_reduces_a_bucket_while_a_block_is_still_in_backward(
@@ -59,10 +59,12 @@ def test_compiled_ddp_matches_eager_and_all_reduces_a_bucket_while_a_block_is_st
         # in the order gradients arrive, so which parameters share one differs.)
         assert [b[:2] for b in compiled["buckets"]] == [b[:2] for b in eager["buckets"]]
         assert [b[:2] for b in compiled["buckets"] if b[0] == STEPS] == [[STEPS, 0], [STEPS, 1]]
-        # Block 1's compiled backward fills bucket 0 (the head and block 1), whose all-reduce
-        # starts before block 0's compiled backward: communication overlaps the backward.
-        assert names(compiled["timeline"]) == ["compiled forward", "compiled forward", "compiled backward",
-                                               "ddp bucket 0", "compiled backward", "ddp bucket 1"]
+        # The loss's compiled forward and backward come between the blocks'. Block 1's compiled
+        # backward fills bucket 0 (the head and block 1), whose all-reduce starts before block
+        # 0's compiled backward: communication overlaps the backward.
+        assert names(compiled["timeline"]) == ["compiled forward", "compiled forward", "compiled forward",
+                                               "compiled backward", "compiled backward", "ddp bucket 0",
+                                               "compiled backward", "ddp bucket 1"]
         assert names(eager["timeline"]) == ["ddp bucket 0", "ddp bucket 1"]
 
 
@@ -83,6 +85,7 @@ def test_compiled_fsdp2_matches_eager_with_its_hooks_around_the_compiled_blocks(
         around = [n for n in names(compiled["timeline"]) if n.startswith(("compiled", *hooks))]
         assert around == ["FSDP::pre_forward (blocks.0)", "compiled forward", "FSDP::post_forward (blocks.0)",
                           "FSDP::pre_forward (blocks.1)", "compiled forward", "FSDP::post_forward (blocks.1)",
+                          "compiled forward", "compiled backward",  # the loss
                           "FSDP::pre_backward (blocks.1)", "compiled backward", "FSDP::post_backward_reduce (blocks.1)",
                           "FSDP::pre_backward (blocks.0)", "compiled backward", "FSDP::post_backward_reduce (blocks.0)"]
 

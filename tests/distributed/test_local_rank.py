@@ -1,4 +1,5 @@
-"""Which launcher passes `--local-rank` to the script, and which only sets LOCAL_RANK.
+"""Which launcher passes `--local-rank` to the script, and which only sets LOCAL_RANK; a local
+rank without a GPU of its own.
 
 The interview trainer reads LOCAL_RANK from the environment, which works under both.
 """
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from launch import run_command
 
@@ -38,3 +40,26 @@ def test_torchrun_sets_local_rank_in_the_environment_and_passes_no_flag(tmp_path
 def test_the_legacy_launcher_passes_the_local_rank_flag_as_well(tmp_path: Path) -> None:
     assert launched("torch.distributed.launch", tmp_path) == [
         {"argv": ["--local-rank=0"], "env": "0"}, {"argv": ["--local-rank=1"], "env": "1"}]
+
+
+def test_a_node_with_fewer_gpus_than_ranks_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOCAL_RANK picks the GPU, so a second rank on a one-GPU node would ask for a device that
+    is not there (and NCCL will not share one between ranks). Every rank of the node refuses
+    alike in preflight, before any group forms, so local rank 0 prints the line for all;
+    `tests/test_gpu.py` starts one rank too many on a real GPU."""
+    from reference_impl.config import ConfigError, TrainConfig
+    from reference_impl.distributed import pick_device
+    from reference_impl.train import preflight
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("auto", 0) == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for local_rank in ("0", "1"):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+        for device in ("auto", "cuda"):
+            with pytest.raises(ConfigError) as refused:
+                preflight(TrainConfig(device=device))
+            assert str(refused.value) == ("2 ranks on this node but 1 GPU(s) visible: each rank needs a GPU of "
+                                          "its own; start at most 1 per node, or pass --device cpu")
+        assert preflight(TrainConfig(device="cpu")) is None
