@@ -51,7 +51,7 @@ class DistContext:
 
 
 def pick_device(preference: str, local_rank: int, local_world_size: int = 1) -> torch.device:
-    """Return cuda:<local_rank> when CUDA is wanted and present, else the CPU.
+    """Return the GPU `cuda:<local_rank>` when CUDA is wanted and present, else the CPU.
 
     Args:
         preference: `--device`: "cuda", "cpu" or "auto" (a GPU when there is one).

@@ -14,6 +14,8 @@
 * `gpu_ladder`: the DDP rows of `bench gpu` runs in `docs/data/gpu.json` that change one
   thing at a time (optimizer kernel, micro-batch, compilation), so each step's gain is read
   off the row above it;
+* `gpu_small`: the same kind of ladder at GPT-2 small's shape (`docs/data/gpu_small.json`):
+  eager, blocks compiled, loss compiled too, then more sequences per step;
 * `gpu_fp8`: `python -m reference_impl.bench fp8` on a real GPU (`docs/data/gpu_fp8.json`):
   a float8 linear against bf16 by size, eager and compiled, and the bare matmuls' ratio;
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
@@ -138,19 +140,36 @@ def gpu() -> str:
     return "\n".join(rows)
 
 
-def gpu_ladder() -> str:
-    """The one-change-at-a-time DDP runs of `docs/data/gpu.json`: tokens/s, MFU, phases, memory."""
-    record = json.loads((DATA / "gpu.json").read_text(encoding="utf-8"))
+def ladder_rows(steps: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table of DDP `bench gpu` runs, one change per row: label, flags, tokens/s,
+    MFU, phases, peak memory against `calc.memory`'s transient peak."""
     rows = ["| Run | Flags | Tokens/s | MFU | Forward ms | Backward ms | Optimizer ms | Peak GiB "
             "| calc.memory GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for step in record["data"]["ladder"]["steps"]:
+    for step in steps:
         r, phases = step["result"]["ddp"], step["result"]["ddp"]["phase_ms_per_step"]
         rows.append(f"| {step['label']} | `{step['flags'] or '(defaults)'}` | {r['tokens_per_s']:,.0f} "
                     f"| {r['mfu']:.1%} | {phases['forward']:.1f} | {phases['backward']:.1f} "
                     f"| {phases['optimizer']:.1f} | {r['peak_memory_gib']:.2f} "
                     f"| {r['predicted_memory_gib']['peak']:.2f} |")
+    return rows
+
+
+def gpu_ladder() -> str:
+    """The one-change-at-a-time DDP runs of `docs/data/gpu.json`: tokens/s, MFU, phases, memory."""
+    record = json.loads((DATA / "gpu.json").read_text(encoding="utf-8"))
+    rows = ladder_rows(record["data"]["ladder"]["steps"])
     rows.append(f"\n{record['data']['ladder']['note']}. torch {record['torch']}, {record['device']}, "
                 f"{record['date']}, commit {record['commit']}.")
+    return "\n".join(rows)
+
+
+def gpu_small() -> str:
+    """The one-change-at-a-time DDP runs at GPT-2 small's shape (`docs/data/gpu_small.json`)."""
+    record = json.loads((DATA / "gpu_small.json").read_text(encoding="utf-8"))
+    rows = ladder_rows(record["data"]["steps"])
+    rows.append(f"\n{record['data']['note']}. torch {record['torch']} (CUDA {record['data']['cuda']}), "
+                f"{record['device']}, {record['date']}, commit {record['commit']}. "
+                f"Regenerate with `{record['command']}`.")
     return "\n".join(rows)
 
 
@@ -193,7 +212,8 @@ def accessibility_known() -> str:
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
                                         "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_ladder": gpu_ladder,
-                                        "gpu_fp8": gpu_fp8, "accessibility_known": accessibility_known}
+                                        "gpu_small": gpu_small, "gpu_fp8": gpu_fp8,
+                                        "accessibility_known": accessibility_known}
 
 
 def table(name: str) -> str:

@@ -111,8 +111,8 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, gpu_fp8, "
-             "accessibility_known")
+    known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, gpu_small, "
+             "gpu_fp8, accessibility_known")
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -189,6 +189,41 @@ def test_the_gpu_table_is_the_committed_run() -> None:
     assert max(r["mfu"] for r in ladder) == ladder[-1]["mfu"], "the last step is the best run"
     performance = (support.DOCS / "reliability" / "performance.md").read_text(encoding="utf-8")
     assert f"{optimizer_ms[0]} → {optimizer_ms[1]} ms on an H100" in performance
+
+
+def test_the_gpt2_small_table_is_the_committed_run_and_the_prose_reads_it() -> None:
+    """Each run of `docs/data/gpu_small.json` is a row, and the page's figures are the file's:
+    the compiled loss's gain and the memory it saves (two fp32 logits-sized tensors), the
+    best MFU, and the measured peaks against `calc.memory` less those two tensors."""
+    record = json.loads((support.DOCS / "data" / "gpu_small.json").read_text(encoding="utf-8"))
+    steps = record["data"]["steps"]
+    table = _computed_tables()["gpu_small"]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+    assert [row.split(" | ")[2] for row in rows] == [f"{s['result']['ddp']['tokens_per_s']:,.0f}" for s in steps]
+    assert f"torch {record['torch']}" in table and record["device"] in table
+    page = " ".join((support.DOCS / "reference" / "benchmarks.md").read_text(encoding="utf-8").split())
+    eager, blocks, loss = (steps[i]["result"]["ddp"] for i in range(3))
+    assert steps[1]["loss"] == "eager" and "loss" not in steps[2], "rows 2 and 3 differ in the loss alone"
+    tokens = f"{blocks['tokens_per_s']:,.0f} → {loss['tokens_per_s']:,.0f} tokens per second"
+    gain = f"(+{loss['tokens_per_s'] / blocks['tokens_per_s'] - 1:.0%})"
+    saved = blocks["peak_memory_gib"] - loss["peak_memory_gib"]
+    fp32_logits_gib = [4 * s["result"]["global_batch_size"] * s["result"]["seq_len"] * 50304 / 2 ** 30 for s in steps]
+    assert saved == pytest.approx(2 * fp32_logits_gib[2], abs=0.01), "the saving is two fp32 logits-sized tensors"
+    best = steps[-1]["result"]
+    model_tflops = best["ddp"]["tokens_per_s"] / best["seq_len"] * best["flops_per_sample"] / 1e12
+    for figure in (tokens, gain, f"+{blocks['tokens_per_s'] / eager['tokens_per_s'] - 1:.0%}",
+                   f"from {blocks['peak_memory_gib']:.2f} to {loss['peak_memory_gib']:.2f} GiB", f"{saved:.2f} GiB saved",
+                   f"{fp32_logits_gib[2]:.2f} GiB in fp32", f"{best['ddp']['mfu']:.1%} at 64",
+                   f"{best['ddp']['tokens_per_s']:,.0f} tokens per second", f"{model_tflops:.0f} TFLOP/s of model FLOPs"):
+        assert figure in page, figure
+    assert max(s["result"]["ddp"]["mfu"] for s in steps) == best["ddp"]["mfu"], "the last row is the best run"
+    compiled = steps[2:]
+    predicted = [s["result"]["ddp"]["predicted_memory_gib"]["peak"] - 2 * fp32_logits_gib[2 + i]
+                 for i, s in enumerate(compiled)]
+    above = [s["result"]["ddp"]["peak_memory_gib"] / p - 1 for s, p in zip(compiled, predicted, strict=True)]
+    rows_read = sorted({s["result"]["global_batch_size"]: p for s, p in zip(compiled, predicted, strict=True)}.items())
+    assert f"{', '.join(f'{p:.2f}' for _, p in rows_read[:-1])} and {rows_read[-1][1]:.2f} GiB" in page
+    assert f"{100 * min(above):.1f}-{max(above):.1%} above" in page
 
 
 def test_the_fp8_table_is_the_committed_run_and_the_prose_reads_it() -> None:
