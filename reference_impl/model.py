@@ -109,11 +109,7 @@ class TinyTransformer(nn.Module):
         not 0..t-1 (a context-parallel rank's slice)."""
         x = self.embed(tokens) + (self.pos[: tokens.shape[1]] if positions is None else self.pos[positions])
         x = run_blocks(self.blocks, x, recompute=self.checkpoint_blocks and self.training)
-        # Linear on 3-D input returns a view of a 2-D matmul's result. FSDP2 hooks the backward
-        # pass onto the root module's output and warns on every forward that an in-place op
-        # on a view would drop that hook. A copy of the logits (batch x seq x vocab, as small
-        # as one block's activations here) is a tensor of its own; the values are unchanged.
-        return self.head(self.norm(x)).clone()
+        return self.head(self.norm(x))  # a view of a 2-D matmul: see parallel.fsdp
 # --8<-- [end:transformer]
 
 

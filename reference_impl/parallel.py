@@ -38,6 +38,18 @@ def ddp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     return DDP(model, process_group=mesh.get_group(), device_ids=[torch.cuda.current_device()] if on_cuda else None)
 
 
+def own_tensor(module: nn.Module, args: object, output: object) -> object:
+    """A forward hook: the root's output as a tensor of its own when it is a view.
+
+    FSDP2 hooks the backward pass onto the root's output and warns on every forward when
+    that output is a view (an in-place op on it would drop the hook). A transformer's logits
+    are one: Linear on 3-D input views a 2-D matmul's result. Only FSDP2 pays for the copy;
+    DDP and a single process train on the view, since at a large vocabulary the logits are
+    the step's largest tensor.
+    """
+    return output.clone() if isinstance(output, torch.Tensor) and output._is_view() else output
+
+
 def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     """Shard every parameter over `mesh` with FSDP2 (`fully_shard`). A 2-D mesh
     (dp_replicate, dp_shard) makes it HSDP: shards within each replica group, gradients
@@ -49,6 +61,7 @@ def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     # (embeddings, head).
     for unit in spec_of(cfg).repeated_units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
+    model.register_forward_hook(own_tensor)  # before fully_shard's, so FSDP2 sees the copy
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 # --8<-- [end:data_parallel]

@@ -1,4 +1,5 @@
-"""Models: activation checkpointing changes memory, never the math; FLOP accounting."""
+"""Models: activation checkpointing changes memory, never the math; FLOP accounting; the logits
+are not copied outside FSDP2."""
 
 import pytest
 import torch
@@ -66,3 +67,18 @@ def test_flops_per_sample_under_moe_counts_the_experts_a_token_visits(n_experts:
     attention = 12 * cfg.n_layers * cfg.d_model * cfg.seq_len
     assert flops_per_sample(cfg) == (6 * active + attention) * cfg.seq_len
     assert flops_per_sample(cfg) > flops_per_sample(TrainConfig(model="transformer")), "k experts and a router"
+
+
+def test_the_logits_are_not_copied_outside_fsdp2() -> None:
+    """The output projection's result is returned as it is (a view of one matmul's output);
+    only FSDP2's root, which warns on a view, copies it (`parallel.own_tensor`, checked by
+    `tests/distributed/test_fsdp.py::test_the_root_module_returns_no_view_so_fsdp_does_not_warn`)."""
+    from reference_impl.parallel import own_tensor
+
+    cfg = TrainConfig(model="transformer")
+    x, _, _ = torch.utils.data.default_collate([build_dataset(cfg)[i] for i in range(4)])
+    logits = build_model(cfg)(x)
+    assert logits._is_view(), "a copy of batch x seq x vocab values would cost memory and a pass"
+    owned = own_tensor(torch.nn.Identity(), (x,), logits)
+    assert not owned._is_view() and torch.equal(owned, logits)
+    assert own_tensor(torch.nn.Identity(), (x,), owned) is owned, "a tensor of its own is not copied again"
