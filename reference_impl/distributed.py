@@ -75,9 +75,19 @@ def pick_device(preference: str, local_rank: int, local_world_size: int = 1) -> 
 
 
 def node_ranks() -> tuple[int, int]:
-    """This rank's (LOCAL_RANK, LOCAL_WORLD_SIZE) from torchrun's environment; (0, 1) outside it."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
+    """This rank's (LOCAL_RANK, LOCAL_WORLD_SIZE) from torchrun's environment; (0, 1) outside it.
+
+    Raises:
+        RuntimeError: Either variable is set to something other than a count.
+    """
+    def count(name: str, default: str, low: int) -> int:
+        text = os.environ.get(name, default)
+        if not (text.isascii() and text.isdigit()) or int(text) < low:
+            raise RuntimeError(f"{name}={text!r} in the environment is not a whole number of at least {low}")
+        return int(text)
+
+    local_rank = count("LOCAL_RANK", "0", 0)
+    return local_rank, count("LOCAL_WORLD_SIZE", str(local_rank + 1), 1)
 # --8<-- [end:context]
 
 

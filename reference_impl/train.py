@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cfg = start(argv, stack)
         except ConfigError as exc:
-            if os.environ.get("LOCAL_RANK", "0") == "0":  # under torchrun, one line per node
+            local_rank = os.environ.get("LOCAL_RANK", "0")
+            # Under torchrun, one line per node. A LOCAL_RANK that is no number may be the error.
+            if local_rank == "0" or not local_rank.isdigit():
                 print(f"reference_impl.train: error: {exc}", file=sys.stderr)
             else:
                 # torchrun stops every worker once one exits: leaving first could get local

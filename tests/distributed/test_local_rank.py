@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import run_command
+from launch import python_module, run_command
 
 pytestmark = pytest.mark.distributed
 
@@ -63,3 +63,23 @@ def test_a_node_with_fewer_gpus_than_ranks_is_refused_in_one_line(monkeypatch: p
             assert str(refused.value) == ("2 ranks on this node but 1 GPU(s) visible: each rank needs a GPU of "
                                           "its own; start at most 1 per node, or pass --device cpu")
         assert preflight(TrainConfig(device="cpu")) is None
+
+
+@pytest.mark.parametrize(("name", "value"), [("LOCAL_RANK", "one"), ("LOCAL_RANK", "-1"), ("LOCAL_WORLD_SIZE", "0")])
+def test_a_malformed_local_rank_in_the_environment_is_one_line(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                                value: str) -> None:
+    from reference_impl.config import ConfigError, TrainConfig
+    from reference_impl.train import preflight
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=rf"^{name}='{value}' in the environment is not a whole number"):
+        preflight(TrainConfig())
+
+
+def test_the_trainer_prints_a_malformed_local_rank_instead_of_waiting_silently() -> None:
+    """Only local rank 0 prints a bad config (one line per node); a LOCAL_RANK that is no
+    number is no other rank's to print, so this process prints it itself."""
+    run = python_module([], env={"LOCAL_RANK": "one"}, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "reference_impl.train: error: LOCAL_RANK='one' in the environment is not a whole number of at least 0"]
