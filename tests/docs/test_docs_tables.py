@@ -217,6 +217,11 @@ def test_the_gpt2_small_table_is_the_committed_run_and_the_prose_reads_it() -> N
                    f"{best['ddp']['tokens_per_s']:,.0f} tokens per second", f"{model_tflops:.0f} TFLOP/s of model FLOPs"):
         assert figure in page, figure
     assert max(s["result"]["ddp"]["mfu"] for s in steps) == best["ddp"]["mfu"], "the last row is the best run"
+    stall = steps[2]["result"]["checkpoint_stall"]
+    assert (f"blocked training for {stall['blocked_s']:.2f} s against a {stall['floor_s']:.2f} s floor "
+            f"({stall['blocked_floor_ratio']:.2f}x)") in page
+    assert (f"{stall['blocked_s']:.2f} s against {stall['sync_s']:.2f} s for a synchronous one, "
+            f"{stall['blocked_floor_ratio']:.2f}x the memcpy floor") in page
     compiled = steps[2:]
     predicted = [s["result"]["ddp"]["predicted_memory_gib"]["peak"] - 2 * fp32_logits_gib[2 + i]
                  for i, s in enumerate(compiled)]
