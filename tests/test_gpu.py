@@ -53,7 +53,8 @@ def test_a_sigkill_on_cuda_resumes_to_the_uninterrupted_digest(strategy: str, tm
     assert killed.digest() == reference.digest()
 
 
-@pytest.mark.skipif(GPUS < 2, reason="tensor parallel on NCCL needs two GPUs (NCCL will not put two ranks on one)")
+@pytest.mark.skipif(GPUS < 2 or GPUS % 2, reason="tensor parallel on NCCL needs an even number of GPUs, at least two "
+                                                  "(NCCL will not put two ranks on one)")
 def test_tensor_parallel_bf16_on_nccl_learns() -> None:
     """Sequence-parallel TP pairs (FSDP2 across the pairs when there are more than two GPUs)."""
     curve = losses(job("--strategy", "fsdp", "--tp-degree", "2"))
@@ -67,7 +68,8 @@ def test_hsdp_bf16_on_nccl_learns() -> None:
 
 
 def test_one_rank_more_than_the_gpus_is_refused_in_one_line() -> None:
-    """Without the check the extra rank died in `torch.cuda.set_device` with a traceback."""
+    """Every rank counts the node's ranks against its GPUs in preflight; before, nothing did, and
+    the extra rank asked `torch.cuda.set_device` for a GPU that is not there."""
     run = torchrun(BASE, nproc=GPUS + 1, timeout=120)
     assert run.returncode != 0
     assert (f"reference_impl.train: error: {GPUS + 1} ranks on this node but {GPUS} GPU(s) visible: each rank "
