@@ -72,8 +72,9 @@ def test_one_rank_more_than_the_gpus_is_refused_in_one_line() -> None:
     the extra rank asked `torch.cuda.set_device` for a GPU that is not there."""
     run = torchrun(BASE, nproc=GPUS + 1, timeout=120)
     assert run.returncode != 0
-    assert (f"reference_impl.train: error: {GPUS + 1} ranks on this node but {GPUS} GPU(s) visible: each rank "
-            f"needs a GPU of its own; start at most {GPUS} per node, or pass --device cpu") in run.stderr, run.stderr[-3000:]
+    refusal = (f"reference_impl.train: error: {GPUS + 1} ranks on this node but {GPUS} GPU(s) visible: each rank "
+               f"needs a GPU of its own; start at most {GPUS} per node, or pass --device cpu")
+    assert refusal in run.stderr, run.stderr[-3000:]
 
 
 def test_compile_matches_eager_and_compiles_each_block_whole() -> None:
