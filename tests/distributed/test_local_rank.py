@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from launch import python_module, run_command
 
 pytestmark = pytest.mark.distributed

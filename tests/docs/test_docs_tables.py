@@ -111,8 +111,8 @@ def test_an_unknown_table_stops_the_build() -> None:
     sys.path.insert(0, str(support.DOCS / "hooks"))
     import tables
 
-    known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, gpu_small, "
-             "gpu_fp8, accessibility_known")
+    known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, "
+             "gpu_small, gpu_fp8, accessibility_known")
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -212,9 +212,11 @@ def test_the_gpt2_small_table_is_the_committed_run_and_the_prose_reads_it() -> N
     best = steps[-1]["result"]
     model_tflops = best["ddp"]["tokens_per_s"] / best["seq_len"] * best["flops_per_sample"] / 1e12
     for figure in (tokens, gain, f"+{blocks['tokens_per_s'] / eager['tokens_per_s'] - 1:.0%}",
-                   f"from {blocks['peak_memory_gib']:.2f} to {loss['peak_memory_gib']:.2f} GiB", f"{saved:.2f} GiB saved",
-                   f"{fp32_logits_gib[2]:.2f} GiB in fp32", f"{best['ddp']['mfu']:.1%} at {best['global_batch_size']}",
-                   f"{best['ddp']['tokens_per_s']:,.0f} tokens per second", f"{model_tflops:.0f} TFLOP/s of model FLOPs"):
+                   f"from {blocks['peak_memory_gib']:.2f} to {loss['peak_memory_gib']:.2f} GiB",
+                   f"{saved:.2f} GiB saved", f"{fp32_logits_gib[2]:.2f} GiB in fp32",
+                   f"{best['ddp']['mfu']:.1%} at {best['global_batch_size']}",
+                   f"{best['ddp']['tokens_per_s']:,.0f} tokens per second",
+                   f"{model_tflops:.0f} TFLOP/s of model FLOPs"):
         assert figure in page, figure
     assert max(s["result"]["ddp"]["mfu"] for s in steps) == best["ddp"]["mfu"], "the last row is the best run"
     stall = steps[2]["result"]["checkpoint_stall"]
