@@ -74,20 +74,26 @@ def pick_device(preference: str, local_rank: int, local_world_size: int = 1) -> 
     return torch.device("cpu")
 
 
+def env_count(name: str, default: str, low: int = 0) -> int:
+    """A count from the environment (torchrun's RANK, LOCAL_RANK, LOCAL_WORLD_SIZE).
+
+    Raises:
+        RuntimeError: The variable is set to something other than a whole number of at least `low`.
+    """
+    text = os.environ.get(name, default)
+    if not (text.isascii() and text.isdigit()) or int(text) < low:
+        raise RuntimeError(f"{name}={text!r} in the environment is not a whole number of at least {low}")
+    return int(text)
+
+
 def node_ranks() -> tuple[int, int]:
     """This rank's (LOCAL_RANK, LOCAL_WORLD_SIZE) from torchrun's environment; (0, 1) outside it.
 
     Raises:
         RuntimeError: Either variable is set to something other than a count.
     """
-    def count(name: str, default: str, low: int) -> int:
-        text = os.environ.get(name, default)
-        if not (text.isascii() and text.isdigit()) or int(text) < low:
-            raise RuntimeError(f"{name}={text!r} in the environment is not a whole number of at least {low}")
-        return int(text)
-
-    local_rank = count("LOCAL_RANK", "0", 0)
-    return local_rank, count("LOCAL_WORLD_SIZE", str(local_rank + 1), 1)
+    local_rank = env_count("LOCAL_RANK", "0")
+    return local_rank, env_count("LOCAL_WORLD_SIZE", str(local_rank + 1), low=1)
 # --8<-- [end:context]
 
 
@@ -99,7 +105,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 120.0) -> DistCont
     """
     if "WORLD_SIZE" not in os.environ:
         return DistContext(device=pick_device(device, 0))
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world_size = env_count("RANK", "0"), int(os.environ["WORLD_SIZE"])
     local_rank, local_world_size = node_ranks()
     dev = pick_device(device, local_rank, local_world_size)
     if dev.type == "cuda":

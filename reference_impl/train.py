@@ -27,7 +27,7 @@ from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample
-from reference_impl.distributed import DistContext, distributed, exit_process, node_ranks, pick_device
+from reference_impl.distributed import DistContext, distributed, env_count, exit_process, node_ranks, pick_device
 from reference_impl.experts import take_stats
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
@@ -246,6 +246,7 @@ def preflight(cfg: TrainConfig) -> None:
             checkpoint is incompatible.
     """
     try:
+        env_count("RANK", "0")
         pick_device(cfg.device, *node_ranks())
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from None

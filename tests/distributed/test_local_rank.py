@@ -64,8 +64,9 @@ def test_a_node_with_fewer_gpus_than_ranks_is_refused_in_one_line(monkeypatch: p
         assert preflight(TrainConfig(device="cpu")) is None
 
 
-@pytest.mark.parametrize(("name", "value"), [("LOCAL_RANK", "one"), ("LOCAL_RANK", "-1"), ("LOCAL_WORLD_SIZE", "0")])
-def test_a_malformed_local_rank_in_the_environment_is_one_line(monkeypatch: pytest.MonkeyPatch, name: str,
+@pytest.mark.parametrize(("name", "value"), [("LOCAL_RANK", "one"), ("LOCAL_RANK", "-1"), ("LOCAL_WORLD_SIZE", "0"),
+                                            ("RANK", "x")])
+def test_a_malformed_rank_variable_in_the_environment_is_one_line(monkeypatch: pytest.MonkeyPatch, name: str,
                                                                 value: str) -> None:
     from reference_impl.config import ConfigError, TrainConfig
     from reference_impl.train import preflight
