@@ -236,9 +236,14 @@ def log_step(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLo
                  phase_s={k: round(v, 6) for k, v in timer.flush().items()})
 
 
-def preflight(cfg: TrainConfig) -> None:
+def preflight(cfg: TrainConfig, ranks_per_node: int | None = None) -> None:
     """Checks that need no process group: the device exists, the paths are usable, the
     checkpoint fits the config.
+
+    Args:
+        cfg: The run.
+        ranks_per_node: Ranks a launcher is about to start on this node; by default the
+            count in this process's own torchrun environment.
 
     Raises:
         ConfigError: The device is missing (or has fewer GPUs than ranks on this node), a
@@ -247,7 +252,7 @@ def preflight(cfg: TrainConfig) -> None:
     """
     try:
         env_count("RANK", "0")
-        pick_device(cfg.device, *node_ranks())
+        pick_device(cfg.device, *((0, ranks_per_node) if ranks_per_node else node_ranks()))
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from None
     for name in ("checkpoint_dir", "sample_log"):

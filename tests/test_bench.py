@@ -104,6 +104,17 @@ def test_a_bad_count_is_one_line_and_exit_status_2(argv: list[str], message: str
     assert last == f"python -m reference_impl.bench {argv[0]}: error: {message}"
 
 
+def test_more_processes_than_gpus_is_refused_before_torchrun_starts(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench gpu --nproc 2` on a one-GPU node: one line from the launcher, not one per rank."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert bench_main(["gpu", "--nproc", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "reference_impl.bench gpu: error: 2 ranks on this node but 1 GPU(s) visible: each rank needs a GPU "
+        "of its own; start at most 1 per node, or pass --device cpu"]
+
+
 COMPILE_FLAGS = ["--max-steps", "3", "--d-model", "32", "--n-layers", "2", "--n-heads", "2", "--hidden-dim", "64",
                  "--seq-len", "16", "--vocab-size", "64", "--dataset-size", "64"]
 

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         # Validate with the world size the ranks will have, so a bad flag fails here, once.
         environ = {"WORLD_SIZE": str(args.nproc)} if launch else None
         cfg = TrainConfig.from_cli([*bench.train_defaults, *train_flags], environ)
-        preflight(cfg)  # e.g. --device cuda without a GPU
+        preflight(cfg, args.nproc if launch else None)  # e.g. --device cuda without a GPU, or too few
         if launch:
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
             ranks_argv = _without_nproc(argv)
