@@ -222,7 +222,7 @@ def test_the_checkpoint_modules_import_only_those_beneath_them() -> None:
     no import circle can come back."""
     import ast
 
-    order = ["files", "integrity", "dcp_safe", "layouts", "manifest", "publish", "lock", "manager"]
+    order = ["files", "integrity", "dcp_safe", "staging", "layouts", "manifest", "publish", "lock", "manager"]
     package = Path(__file__).resolve().parents[1] / "reference_impl" / "checkpoint"
     assert sorted(p.stem for p in package.glob("*.py") if p.stem != "__init__") == sorted(order)
     for position, name in enumerate(order):
@@ -240,12 +240,12 @@ def test_the_optimizer_step_waits_for_an_async_saves_copy(tmp_path: Path, monkey
     import time
 
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager
 
+    from reference_impl.checkpoint import staging
     from reference_impl.checkpoint.layouts import AsyncSaver
 
-    stage = DefaultStager._stage
-    monkeypatch.setattr(DefaultStager, "_stage", lambda self, *a, **k: (time.sleep(0.5), stage(self, *a, **k))[1])
+    copy_all = staging._copy_all
+    monkeypatch.setattr(staging, "_copy_all", lambda *a: (time.sleep(0.5), copy_all(*a))[1])
     model = torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     model(torch.randn(4, 64)).sum().backward()
@@ -253,7 +253,7 @@ def test_the_optimizer_step_waits_for_an_async_saves_copy(tmp_path: Path, monkey
     saver = AsyncSaver()
     saver.guard(optimizer)
     saver.start({"model": model.state_dict()}, tmp_path / "dcp")
-    saver.publish_when_done(None)  # nothing to publish: a bare DCP directory
+    saver.then(lambda failure: None)  # nothing to publish: a bare DCP directory
     optimizer.step()  # changes the weight, after the copy
     saver.wait()
     assert not torch.equal(model.weight, saved), "the step ran"

@@ -62,8 +62,8 @@ class CheckpointLayout(ABC):
     def write(self, state: TrainState, directory: Path, saver: AsyncSaver | None) -> bool:
         """Every rank writes its own files into `directory` (none by default).
 
-        Returns True when the write continues in the background in `saver`, which then
-        publishes the checkpoint once it completes.
+        Returns True when the write continues in the background in `saver`; the manager
+        then finishes the save there (`AsyncSaver.then`) once the write completes.
         """
         return False
 
@@ -197,6 +197,13 @@ def _sharded_state(state: TrainState) -> dict[str, Any]:
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _on_host(state: dict[str, Any]) -> bool:
+    """Whether every tensor in `state` is in host memory."""
+    from torch.utils._pytree import tree_leaves
+
+    return all(leaf.device.type == "cpu" for leaf in tree_leaves(state) if isinstance(leaf, torch.Tensor))
+
+
 # From torch 2.13 a stager passed to `async_save` stays open until its owner closes it.
 _CALLER_CLOSES_STAGER = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
 
@@ -206,16 +213,18 @@ class AsyncSaver:
 
     The training collectives keep the default group; sharing it with a background save
     interleaves two streams of collectives on one communicator, which crashes or hangs.
-    DCP copies (stages) the state on a thread of its own, so `async_save` returns at once
+    The state is copied (staged) on a thread of its own, so `async_save` returns at once
     and the next step's forward and backward run during the copy; only the optimizer step,
-    which changes the parameters, waits for it (`guard` registers the wait as the optimizer's
-    step pre-hook). One stager serves every save: it keeps the host
-    copies from the first save and copies into them on the next, so a save's stall is a
-    memcpy, not fresh allocations and their page faults (the price: one host copy of the
-    rank's state held for the run). Before torch 2.13, `async_save` closes the stager it
-    is given when the save completes (seen with torch 2.11: the next save failed with
-    `KeyError: <class 'type'>`), so there each save gets a stager of its own. Rank 0
-    publishes as soon as the write completes.
+    which changes the parameters, waits for it (`guard` registers the wait as the
+    optimizer's step pre-hook). Staging copies into host buffers kept from the first save,
+    so a save's stall is a memcpy, not fresh allocations and their page faults (the price:
+    one host copy of the rank's state held for the run): `HostStager`
+    (`reference_impl.checkpoint.staging`) for state in host memory, DCP's `DefaultStager`
+    (pinned buffers, a side stream) for state on a GPU. Before torch 2.13, `async_save`
+    closes the stager it is given when the save completes (seen with torch 2.11: the next
+    save failed with `KeyError: <class 'type'>`), so there each GPU save gets a
+    `DefaultStager` of its own. The rest of the save (`then`: the small files, the ranks'
+    agreement, rank 0's publish) runs on the writing thread as soon as the write completes.
     """
 
     def __init__(self, timeout_s: float = 120.0) -> None:
@@ -224,7 +233,7 @@ class AsyncSaver:
         self._stager: Any = None
         self._future: Any = None
         self._staged: Any = None
-        self._published = threading.Event()
+        self._finished = threading.Event()
         self._error: BaseException | None = None
 
     def start(self, state: dict[str, Any], path: Path) -> None:
@@ -232,15 +241,16 @@ class AsyncSaver:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        if self._stager is None or not _CALLER_CLOSES_STAGER:
-            gpu = torch.cuda.is_available()  # pinned buffers and non-blocking copies need a device
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
-                                                        use_async_staging=True, use_non_blocking_copy=gpu))
+        from reference_impl.checkpoint.staging import HostStager
+
+        if self._stager is None or not (_CALLER_CLOSES_STAGER or isinstance(self._stager, HostStager)):
+            self._stager = HostStager() if _on_host(state) else DefaultStager(StagingOptions(
+                use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True))
         response = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self._stager)
         # With background staging DCP returns two futures: copied, and written.
         self._staged = getattr(response, "staging_completion", None)
         self._future = getattr(response, "upload_completion", response)
-        self._published.clear()
+        self._finished.clear()
 
     def wait_staged(self) -> None:
         """Block until DCP's copy of the state is complete: the parameters may change after."""
@@ -252,30 +262,31 @@ class AsyncSaver:
         """Make every `optimizer.step()` wait until the save in flight has copied the state."""
         optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
 
-    def publish_when_done(self, publish: Callable[[], None] | None) -> None:
-        """Run `publish` (rank 0's; None elsewhere) once the write in flight completes."""
-        if publish is None:
-            self._published.set()
-            return
-        self._future.add_done_callback(lambda f: self._publish(f, publish))
+    def then(self, finish: Callable[[BaseException | None], None]) -> None:
+        """Run `finish` once the write in flight completes, with the write's error or None.
 
-    def _publish(self, future: Any, publish: Callable[[], None]) -> None:
+        It runs on DCP's writing thread (or at once, here, if the write is already done), so
+        its collectives must use this saver's `group`; `wait` re-raises what it raises.
+        """
+        self._future.add_done_callback(lambda done: self._finish(done, finish))
+
+    def _finish(self, done: Any, finish: Callable[[BaseException | None], None]) -> None:
         try:
-            if future.exception() is None:
-                publish()
+            finish(done.exception())
         except BaseException as exc:  # surfaced on the training thread by wait()
             self._error = exc
         finally:
-            self._published.set()
+            self._finished.set()
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is written and published; re-raise errors."""
+        """Block until the save in flight (if any) is written and finished; re-raise its error."""
         self.wait_staged()
         if self._future is None:
             return
-        future, self._future = self._future, None
-        future.result()
-        self._published.wait()
+        self._future = None
+        self._finished.wait()
         if self._error is not None:
             error, self._error = self._error, None
-            raise CheckpointError(f"publishing an async checkpoint failed: {error}") from error
+            if isinstance(error, CheckpointError):
+                raise error
+            raise CheckpointError(f"finishing an async checkpoint failed: {error}") from error

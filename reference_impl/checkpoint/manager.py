@@ -9,12 +9,14 @@ older than a valid checkpoint.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,15 +46,7 @@ from reference_impl.checkpoint.manifest import (
     read_manifest,
     verify,
 )
-from reference_impl.checkpoint.publish import (
-    TMP_PREFIX,
-    Publication,
-    agree_written,
-    barrier,
-    gather_files,
-    temporary_dir,
-    write_file,
-)
+from reference_impl.checkpoint.publish import TMP_PREFIX, Publication, finish_save, temporary_dir
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector
@@ -247,11 +241,13 @@ class CheckpointManager:
              faults: FaultInjector | None = None, saver: AsyncSaver | None = None) -> Path:
         """Write the checkpoint of `state.step` and publish it atomically.
 
-        Every rank writes its own RNG file and rank 0 writes train.pt; the layout that the
-        parallelisms call for (`torch_save` or `dcp`) adds the model and optimizer, in the
-        background when `saver` is given. Rank 0 then writes the manifest, renames the
-        directory into place and applies retention. An error (a full disk) raises
-        `CheckpointError` and leaves the published checkpoints untouched.
+        The layout that the parallelisms call for (`torch_save` or `dcp`) writes the model
+        and optimizer; then every rank writes its own RNG file, rank 0 writes train.pt, the
+        ranks agree that all of it is on disk, and rank 0 writes the manifest, renames the
+        directory into place and applies retention (`finish_save`). With `saver`, all of
+        that runs in the background once the state is copied, and training waits only for
+        the capture. An error (a full disk) raises `CheckpointError`, here or from the next
+        `saver.wait()`, and leaves the published checkpoints untouched.
         """
         t0 = time.perf_counter()
         faults = faults or FaultInjector.disabled()
@@ -260,36 +256,22 @@ class CheckpointManager:
         layout_name = checkpoint_layout(cfg)
         layout = LAYOUTS[layout_name]
         tmp, final = temporary_dir(self.root, state.step, ctx), self.root / step_name(state.step)
-        limit, files, error = faults.write_limit(state.step), {}, None
-        try:
-            mine = rank_file(ctx.rank)
-            files = {mine: write_file(tmp / mine, {"rank": ctx.rank, "rng": rng_state()}, limit)}
-            faults.after_write(state.step, str(tmp / mine))
-            if ctx.is_main:
-                files[TRAIN_FILE] = write_file(tmp / TRAIN_FILE, {
-                    "step": state.step,
-                    **{key: part.state_dict() if part is not None else None
-                       for key, part in state.replicated_parts().items()},
-                    **layout.train_entries(state),
-                }, limit)
-        except OSError as exc:
-            error = exc
-        agree_written(error, tmp, state.step, ctx)
-        files = gather_files(files, ctx)
+        own: dict[str, Any] = {rank_file(ctx.rank): {"rank": ctx.rank, "rng": rng_state()}}
+        if ctx.is_main:
+            own[TRAIN_FILE] = {"step": state.step,
+                               **{key: part.state_dict() if part is not None else None
+                                  for key, part in state.replicated_parts().items()},
+                               **layout.train_entries(state)}
         meta = {"format": FORMAT, "step": state.step, "epoch": state.sampler.epoch,
                 "world_size": ctx.world_size, "mesh": state.mesh.describe(), "layout": layout_name,
                 "config_digest": cfg.digest(), "resume_fields": cfg.resume_fields(),
                 "torch_version": torch.__version__}
-        publish = Publication(tmp, final, meta, files, self._published, self.log, faults, t0)
-        if layout.write(state, tmp, saver):
+        publish = Publication(tmp, final, meta, self._published, self.log, faults, t0)
+        if layout.write(state, tmp, saver):  # the copy is taken; the write goes on in the background
             publish.blocked_s = time.perf_counter() - t0  # training resumes now
-            saver.publish_when_done(publish if ctx.is_main else None)  # type: ignore[union-attr]
+            saver.then(partial(finish_save, copy.deepcopy(own), publish, ctx, saver.group))  # type: ignore[union-attr]
             return final
-        faults.before_publish(state.step)
-        barrier(ctx)  # every rank's files are on disk before rank 0 publishes
-        if ctx.is_main:
-            publish()
-        barrier(ctx)
+        finish_save(own, publish, ctx)
         return final
     # --8<-- [end:checkpoint_save]
 

@@ -124,10 +124,10 @@ def _write_error(path: Path, failure: RuntimeError) -> OSError:
     return OSError(errno.EIO, f"torch.save to {path.name} failed: {failure}")
 
 
-def barrier(ctx: DistContext) -> None:
-    """Wait for every rank (no-op in a single process)."""
+def barrier(ctx: DistContext, group: dist.ProcessGroup | None = None) -> None:
+    """Wait for every rank of `group` (the default group when None; no-op in a single process)."""
     if ctx.distributed:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def temporary_dir(root: Path, step: int, ctx: DistContext) -> Path:
@@ -150,16 +150,18 @@ def temporary_dir(root: Path, step: int, ctx: DistContext) -> Path:
     return root / name[0]
 
 
-def agree_written(error: OSError | None, tmp: Path, step: int, ctx: DistContext) -> None:
+def agree_written(error: BaseException | None, tmp: Path, step: int, ctx: DistContext,
+                  group: dist.ProcessGroup | None = None) -> None:
     """Raise `CheckpointError` on every rank if any rank failed to write its part.
 
     All ranks learn of the failure (a rank that failed alone would leave its peers
     waiting in the next collective), and rank 0 removes the temporary directory, so a
-    full disk leaves no debris behind to fill it further.
+    full disk leaves no debris behind to fill it further. `group` is the group to agree
+    on (the default group when None; an async save's own gloo group, on its thread).
     """
-    failed = torch.tensor(float(error is not None), device=ctx.device)
+    failed = torch.tensor(float(error is not None), device="cpu" if group else ctx.device)
     if ctx.distributed:
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
     if not failed.item():
         return
     if ctx.is_main:
@@ -169,13 +171,47 @@ def agree_written(error: OSError | None, tmp: Path, step: int, ctx: DistContext)
                           "published checkpoints are untouched") from error
 
 
-def gather_files(files: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
+def gather_files(files: dict[str, Any], ctx: DistContext, group: dist.ProcessGroup | None = None) -> dict[str, Any]:
     """Rank 0 collects the name, size and checksum of every file each rank wrote."""
     if not ctx.distributed:
         return files
     gathered: list[Any] = [None] * ctx.world_size if ctx.is_main else []
-    dist.gather_object(files, gathered if ctx.is_main else None, dst=0)
+    dist.gather_object(files, gathered if ctx.is_main else None, dst=0, group=group)
     return {k: v for part in gathered for k, v in part.items()} if ctx.is_main else {}
+
+
+def finish_save(own: dict[str, Any], publish: Publication, ctx: DistContext,
+                group: dist.ProcessGroup | None = None, failure: BaseException | None = None) -> None:
+    """Every rank's end of a save: write its own files, agree, and rank 0 publishes.
+
+    Runs on the training thread after a synchronous save, and on the async save's thread,
+    with that save's gloo group, once the layout's background write completes; a failed
+    write anywhere (`failure`: the layout's; an OSError here) fails the save on every rank.
+
+    Args:
+        own: File name -> object this rank writes (its RNG file; train.pt on rank 0).
+        publish: Rank 0's publication of this save.
+        ctx: This rank's context.
+        group: The process group for the agreement (None: the default group).
+        failure: Why the layout's write failed, if it did.
+    """
+    step, faults = publish.meta["step"], publish.faults
+    files: dict[str, Any] = {}
+    error = failure
+    for name, obj in own.items() if error is None else ():
+        try:
+            files[name] = write_file(publish.tmp / name, obj, faults.write_limit(step))
+        except OSError as exc:
+            error = exc
+            break
+        faults.after_write(step, str(publish.tmp / name))
+    agree_written(error, publish.tmp, step, ctx, group)
+    files = gather_files(files, ctx, group)
+    faults.before_publish(step)
+    barrier(ctx, group)  # every rank's files are on disk before rank 0 publishes
+    if ctx.is_main:
+        publish(files)
+    barrier(ctx, group)
 
 
 class Publication:
@@ -185,23 +221,22 @@ class Publication:
         tmp: The private directory every rank wrote into.
         final: The published name, `step-NNNNNNNN`.
         meta: The manifest's fields other than `files` and `saved_at`.
-        files: Manifest entries of the files the ranks wrote themselves.
         retain: Called with `final` once it is published (the manager's retention).
         log: Where `checkpoint_saved` goes.
-        faults: Fault injection (a kill just before the publish).
+        faults: Fault injection (a full disk, a kill mid-write or just before the publish).
         started: `perf_counter()` at the start of the save.
     """
 
-    def __init__(self, tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, Any],
-                 retain: Callable[[Path], None], log: EventLog, faults: FaultInjector, started: float) -> None:
-        self.tmp, self.final, self.meta, self.files = tmp, final, meta, files
+    def __init__(self, tmp: Path, final: Path, meta: dict[str, Any], retain: Callable[[Path], None],
+                 log: EventLog, faults: FaultInjector, started: float) -> None:
+        self.tmp, self.final, self.meta = tmp, final, meta
         self.retain, self.log, self.faults, self.started = retain, log, faults, started
         self.blocked_s: float | None = None  # set by an async save: how long training waited
 
-    def __call__(self) -> None:
-        self.faults.before_publish(self.meta["step"])
+    def __call__(self, files: dict[str, Any]) -> None:
+        """Publish, given the manifest entries of the files the ranks wrote themselves."""
         try:
-            files = self._commit()
+            files = self._commit(files)
         except (OSError, CheckpointError) as exc:
             remove(self.tmp)
             raise CheckpointError(f"publishing the checkpoint of step {self.meta['step']} failed: {exc}; "
@@ -212,9 +247,9 @@ class Publication:
                       bytes=sum(f["bytes"] for f in files.values()),
                       save_s=round(time.perf_counter() - self.started, 4), **extra)
 
-    def _commit(self) -> dict[str, Any]:
+    def _commit(self, written: dict[str, Any]) -> dict[str, Any]:
         """Write the manifest and rename into place; return every file it lists."""
-        files = dict(self.files)
+        files = dict(written)
         for path in sorted(self.tmp.rglob("*")):  # what the layout wrote itself (DCP's shards)
             name = path.relative_to(self.tmp).as_posix()
             if not path.is_dir() and name not in files:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoints import published, verify
 from launch import Run, forked_ranks, python_module, torchrun, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
@@ -160,6 +161,22 @@ def test_a_kill_during_an_async_save_never_publishes_a_torn_checkpoint(
     assert [e["step"] for e in run.of("checkpoint_restored")] == [10]
     assert run.of("checkpoint_skipped") == []
     assert run.digest() == reference[0].digest()
+
+
+@pytest.mark.slow
+def test_a_full_disk_on_one_rank_fails_an_async_save_everywhere_and_keeps_the_last_checkpoint(
+        tmp_path: Path) -> None:
+    """The end of an async save (small files, agreement, publish) runs on the saver's
+    thread; rank 1's failed write there must still fail the save on both ranks, cleanly."""
+    run = forked_ranks([*FSDP, *TWO, "--max-steps", "20", "--checkpoint-dir", str(tmp_path), "--async-checkpoint",
+                        "--fail-mode", "write-error", "--fail-at-step", "20", "--fail-rank", "1"], timeout=180)
+    assert run.returncode != 0
+    error = run.of("error")[0]  # rank 0's event: it learns of rank 1's failure
+    assert error["error"] == "CheckpointError" and "step 20" in error["message"], error
+    assert "another rank failed to write its part" in error["message"], error
+    assert [p.name for p in published(tmp_path)] == ["step-00000010"]
+    verify(tmp_path / "step-00000010")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-step-")], "no debris is left"
 
 
 def test_a_two_rank_checkpoint_restores_on_one_rank_with_equal_state(

@@ -1,0 +1,102 @@
+"""Staging an async save of host-resident state: one memcpy per tensor into buffers kept
+across saves, on a thread of its own.
+
+An async save must copy the state before training changes it. DCP's `DefaultStager` does
+this with a deep copy that walks every value and rebuilds each DTensor through DTensor's
+dispatch: about 85 µs of Python per DTensor here, so a 25 M-parameter FSDP2 state (409
+tensors per rank) took 2.9x the bare memcpy, and the copying thread held the GIL that the
+training thread needs. `HostStager` splits the work: `stage` (on the calling thread) walks
+the state dict once, pairs every tensor with a buffer kept from the previous save (a
+DTensor's local shard with a buffer wrapped once in a DTensor of the same mesh, placements,
+shape and stride), and hands the list of copies to its thread, where `Tensor.copy_` runs
+with the GIL released.
+
+It stages state that lives in host memory (CPU runs on gloo). State on a GPU keeps DCP's
+`DefaultStager`, whose pinned buffers and side-stream copies are what a device-to-host copy
+needs (`reference_impl.checkpoint.layouts.AsyncSaver` chooses).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
+
+Copies = list[tuple[torch.Tensor, torch.Tensor]]  # (buffer, source) pairs
+
+
+class HostStager(AsyncStager):
+    """Copies a state dict of host tensors and DTensors into reused buffers, in the background.
+
+    The staged dict has the source's structure; its tensors are this stager's buffers (a
+    DTensor's buffer inside a DTensor of the source's layout) and every other value is a
+    deep copy made when `stage` is called. Buffers are reused while a key keeps its shape,
+    dtype, stride and layout, so from the second save on no memory is allocated. One save
+    may be staged at a time: the next `stage` overwrites the buffers the previous one
+    filled (`AsyncSaver` waits for a save before starting the next).
+    """
+
+    _synchronize_after_execute = False  # the caller waits on the returned future
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-staging")
+        # key path in the state dict -> (layout, what the staged dict holds, the buffer it fills)
+        self._kept: dict[tuple[Hashable, ...], tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]] = {}
+
+    def stage(self, state_dict: dict[str, Any]) -> Future[dict[str, Any]]:
+        """Return a future of the staged copy of `state_dict`; the tensors are copied on the stager's thread."""
+        copies: Copies = []
+        with torch.no_grad():  # to_local() of a parameter's DTensor records no autograd node
+            staged = self._mirror(state_dict, (), copies)
+        return self._executor.submit(_copy_all, copies, staged)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to do: callers wait on the future that `stage` returns."""
+        return
+
+    def close(self) -> None:
+        """Nothing to release before the stager itself goes.
+
+        Torch before 2.13 calls `close` on the stager it is given once each save completes;
+        the buffers must outlive that to serve the next save, so they go with the stager.
+        """
+
+    def _mirror(self, value: Any, key: tuple[Hashable, ...], copies: Copies) -> Any:
+        """`value` with each tensor replaced by its buffer, and the copies that fill them."""
+        if isinstance(value, dict):
+            return {k: self._mirror(v, (*key, k), copies) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            mirrored = [self._mirror(v, (*key, i), copies) for i, v in enumerate(value)]
+            return mirrored if isinstance(value, list) else tuple(mirrored)
+        if not isinstance(value, torch.Tensor):
+            return copy.deepcopy(value)
+        source = value.to_local() if isinstance(value, DTensor) else value
+        layout = _form(source)
+        if isinstance(value, DTensor):
+            layout += (value.device_mesh, value.placements, value.shape, value.stride())
+        kept = self._kept.get(key)
+        if kept is None or kept[0] != layout:
+            buffer = torch.empty_like(source, device="cpu")
+            staged = buffer if not isinstance(value, DTensor) else DTensor.from_local(
+                buffer, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride())
+            kept = self._kept[key] = (layout, staged, buffer)
+        copies.append((kept[2], source))
+        return kept[1]
+
+
+def _form(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What a buffer must share with its source: shape, stride and dtype."""
+    return tuple(tensor.shape), tensor.stride(), tensor.dtype
+
+
+def _copy_all(copies: Copies, staged: dict[str, Any]) -> dict[str, Any]:
+    """Fill every buffer from its source (the stager's thread); return the staged dict."""
+    with torch.no_grad():  # grad mode is per thread: a source that requires grad must not link its copy
+        for buffer, source in copies:
+            buffer.copy_(source)
+    return staged
