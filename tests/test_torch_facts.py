@@ -6,6 +6,11 @@ torch upgrade that changes one of them fails here before the page goes stale.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -93,3 +98,32 @@ def test_distributed_sampler_pads_the_index_list_to_a_multiple_of_the_world_size
     dropped = [list(DistributedSampler(dataset, num_replicas=4, rank=r, shuffle=False, drop_last=True))
                for r in range(4)]
     assert sorted(i for s in dropped for i in s) == list(range(8)), "drop_last cuts the list to 8"
+
+
+# A fresh interpreter: forms a one-rank gloo group, then builds what the argument names,
+# and prints whether torch._dynamo was imported before and after.
+_DYNAMO_PROBE = """
+import json, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+before = "torch._dynamo" in sys.modules
+layer = torch.nn.Linear(4, 4)
+if sys.argv[1] == "ddp":
+    torch.nn.parallel.DistributedDataParallel(layer)
+else:
+    torch.optim.AdamW(layer.parameters())
+print(json.dumps([before, "torch._dynamo" in sys.modules]))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("built", ["ddp", "optimizer"])
+def test_building_ddp_or_a_torch_optimizer_imports_torch_dynamo(built: str) -> None:
+    """Why a resumed DDP job cannot start as fast as `import torch` and a gloo group: DDP's
+    constructor and the first torch optimizer each import torch._dynamo (about as long as
+    `import torch` on a 2-core machine). The restart bench's second floor includes both."""
+    run = subprocess.run([sys.executable, "-c", _DYNAMO_PROBE, built], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == [False, True]
