@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -55,6 +56,18 @@ class Run:
             raise RuntimeError(f"no run_complete (exit status {self.returncode})\n"
                                f"{self.stdout[-3000:]}\n{self.stderr[-5000:]}")
         return done[-1]["state_digest"]
+
+    def failure(self) -> str:
+        """Why the command failed, in one line: the last exception a process printed
+        (torchrun's own `ChildFailedError` aside, whose report ends in a banner), else the
+        last line of stderr."""
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        raised = [line for line in lines if _RAISED.match(line) and "ChildFailedError" not in line]
+        return (raised or lines or ["(nothing on stderr)"])[-1][:400]
+
+
+# `ValueError: ...`, `torch.distributed.DistBackendError: ...`, `[rank1]: RuntimeError: ...`
+_RAISED = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Interrupt|Exit)\b:")
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:

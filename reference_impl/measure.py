@@ -92,7 +92,7 @@ def _events(module: str, args: Sequence[str], max_restarts: int = 0) -> list[dic
     run = launched(torchrun_command(2, module, args, max_restarts), TIMEOUT_S)
     if run.returncode != 0:
         raise BenchmarkError(f"{module} {' '.join(args)} failed (exit {run.returncode}): "
-                             f"{run.stderr.strip().splitlines()[-1:]}")
+                             f"{run.failure()}")
     return run.events
 
 
@@ -158,7 +158,7 @@ def _bench(name: str, args: Sequence[str]) -> dict[str, Any]:
     run = launched([sys.executable, "-m", "reference_impl.bench", name, *args], TIMEOUT_S)
     record = next((e for e in run.events if e.get("benchmark") == name), None)
     if run.returncode != 0 or record is None:
-        raise BenchmarkError(f"bench {name} failed (exit {run.returncode}): {run.stderr.strip().splitlines()[-1:]}")
+        raise BenchmarkError(f"bench {name} failed (exit {run.returncode}): {run.failure()}")
     return record
 
 

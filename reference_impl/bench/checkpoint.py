@@ -199,7 +199,7 @@ def recovery_run() -> tuple[float, float]:
         run = launched(torchrun_command(2, "reference_impl.train", flags, max_restarts=1), RECOVERY_TIMEOUT_S)
     if run.returncode != 0:
         raise BenchmarkError(f"the recovery run failed (exit {run.returncode}): "
-                             f"{run.stderr.strip().splitlines()[-1:]}")
+                             f"{run.failure()}")
     return recovery_times(run.events)
 
 

@@ -127,5 +127,5 @@ def restart_floor(timeout: float) -> RestartFloor:
     stepped = [e["time"] for e in run.of("ddp_stepped")]
     if run.returncode != 0 or not killed or not formed or not stepped:
         raise BenchmarkError(f"the restart floor run failed (exit {run.returncode}): "
-                             f"{run.stderr.strip().splitlines()[-1:]}")
+                             f"{run.failure()}")
     return RestartFloor(min(formed) - killed[0], stepped[0] - killed[0])

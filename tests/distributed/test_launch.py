@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,13 @@ def test_two_agents_rendezvous_as_two_nodes_and_match_standalone(standalone: lau
     assert len(reporting) == 1
     assert reporting[0].of("run_start")[0]["world_size"] == 2
     assert reporting[0].digest() == standalone.digest()
+
+
+def test_a_failed_jobs_reason_is_the_ranks_exception_not_torchruns_banner(tmp_path: Path) -> None:
+    """A bench that reports a failed torchrun job names why it failed; torchrun's own
+    report ends with a line of `=`, which is what the last line of stderr says."""
+    script = tmp_path / "fails.py"
+    script.write_text("import os\nif os.environ['RANK'] == '1':\n    raise ValueError('rank 1 cannot go on')\n")
+    run = launch.torchrun([], nproc=2, timeout=90, module=str(script))
+    assert run.returncode != 0 and run.stderr.strip().splitlines()[-1].startswith("====")
+    assert run.failure() == "ValueError: rank 1 cannot go on"
