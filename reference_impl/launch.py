@@ -60,10 +60,12 @@ class Run:
     def failure(self) -> str:
         """Why the command failed, in one line: the last exception a process printed
         (torchrun's own `ChildFailedError` aside, whose report ends in a banner), else the
-        last line of stderr."""
+        exit code torchrun names as the root cause (`exitcode : -6 (pid: 5920) (SIGABRT)`),
+        else the last line of stderr."""
         lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
         raised = [line for line in lines if _RAISED.match(line) and "ChildFailedError" not in line]
-        return (raised or lines or ["(nothing on stderr)"])[-1][:400]
+        exited = [line for line in lines if line.startswith("exitcode")]
+        return (raised or exited or lines or ["(nothing on stderr)"])[-1][:400]
 
 
 # `ValueError: ...`, `torch.distributed.DistBackendError: ...`, `[rank1]: RuntimeError: ...`

@@ -65,3 +65,12 @@ def test_a_failed_jobs_reason_is_the_ranks_exception_not_torchruns_banner(tmp_pa
     run = launch.torchrun([], nproc=2, timeout=90, module=str(script))
     assert run.returncode != 0 and run.stderr.strip().splitlines()[-1].startswith("====")
     assert run.failure() == "ValueError: rank 1 cannot go on"
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_its_signal(tmp_path: Path) -> None:
+    """No exception to report: the reason is the signal torchrun saw."""
+    script = tmp_path / "aborts.py"
+    script.write_text("import os\nif os.environ['RANK'] == '1':\n    os.abort()\n")
+    run = launch.torchrun([], nproc=2, timeout=90, module=str(script))
+    assert run.returncode != 0
+    assert "SIGABRT" in run.failure(), run.stderr[-2000:]
