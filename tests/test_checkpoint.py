@@ -260,3 +260,17 @@ def test_the_optimizer_step_waits_for_an_async_saves_copy(tmp_path: Path, monkey
     loaded = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
     dcp.load(loaded, checkpoint_id=tmp_path / "dcp")
     assert torch.equal(loaded["model"]["weight"], saved), "the checkpoint holds the weights it was asked to save"
+
+
+def test_one_host_stager_serves_every_async_save(tmp_path: Path) -> None:
+    """Its buffers from the first save are refilled by the next, not allocated again."""
+    from reference_impl.checkpoint.layouts import AsyncSaver
+    from reference_impl.checkpoint.staging import HostStager
+
+    model, saver, stagers = torch.nn.Linear(8, 8), AsyncSaver(), []
+    for save in range(2):
+        saver.start({"model": model.state_dict()}, tmp_path / str(save))
+        saver.then(lambda failure: None)
+        saver.wait()
+        stagers.append(saver._stager)
+    assert isinstance(stagers[0], HostStager) and stagers[1] is stagers[0]

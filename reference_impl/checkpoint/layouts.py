@@ -243,7 +243,9 @@ class AsyncSaver:
 
         from reference_impl.checkpoint.staging import HostStager
 
-        if self._stager is None or not (_CALLER_CLOSES_STAGER or isinstance(self._stager, HostStager)):
+        # One stager for the run, except a DefaultStager that torch closes after each save.
+        kept = isinstance(self._stager, HostStager) or (self._stager is not None and _CALLER_CLOSES_STAGER)
+        if not kept:
             self._stager = HostStager() if _on_host(state) else DefaultStager(StagingOptions(
                 use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True))
         response = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self._stager)
