@@ -48,7 +48,8 @@ def _grade(title: str, checks: dict[str, Callable[[], None]]) -> Results:
 
 
 class RankRun(collections.namedtuple("RankRun", "exitcode stdout stderr value")):
-    """One forked rank: exit status (-9: SIGKILL, None: still running at the deadline), output, result."""
+    """One forked rank: exit status (-9: SIGKILL; None: stopped by `run_ranks`, still running at the
+    deadline or after the grace period that followed another rank's failure), output, result."""
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The JSON lines with this `event` the rank printed."""
@@ -84,18 +85,18 @@ def run_ranks(target: Callable[..., Any], nprocs: int, args: tuple = (), attempt
         if grace is None and any(p.exitcode not in (None, 0) for p in procs):
             grace = min(deadline, time.monotonic() + 3)
         time.sleep(0.02)
-    for p in procs:
-        if p.is_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid or 0, signal.SIGKILL)  # the rank's session: its DataLoader workers too
-            p.join()
+    stopped = {r for r, p in enumerate(procs) if p.is_alive()}
+    for r in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(procs[r].pid or 0, signal.SIGKILL)  # the rank's session: its DataLoader workers too
+        procs[r].join()
     runs = []
     for r, p in enumerate(procs):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid or 0, signal.SIGKILL)  # orphaned workers of a rank that was SIGKILLed
         text = [open(f"{out}/{r}.{k}").read() if os.path.exists(f"{out}/{r}.{k}") else ""
                 for k in ("out", "err", "json")]
-        runs.append(RankRun(p.exitcode, text[0], text[1],
+        runs.append(RankRun(None if r in stopped else p.exitcode, text[0], text[1],
                             json.loads(text[2]) if text[2] else None))
     return runs
 
@@ -111,13 +112,16 @@ def _last_line(run: RankRun) -> str:
 def _exited_cleanly(runs: list[RankRun], what: str) -> None:
     """Fail with a failed rank's exit status and the last line it wrote to stderr: the first
     one with an error of its own, before one that only lost a peer (which of the two exits
-    first is a race)."""
+    first is a race), before one that never ended and was stopped."""
     failed = [r for r in runs if r.exitcode != 0]
-    bad = next((r for r in failed if not any(lost in _last_line(r) for lost in PEER_LOST)),
-               failed[0] if failed else None)
-    last = _last_line(bad) if bad else ""
-    who = f"rank {runs.index(bad)}" if bad and len(runs) > 1 else "the process"
-    assert bad is None, f"{what}: {who} exited with status {bad.exitcode}: {last}"
+    bad = min(failed, default=None,  # min keeps rank order among equals
+              key=lambda r: (r.exitcode is None, any(lost in _last_line(r) for lost in PEER_LOST)))
+    if bad is None:
+        return
+    who = f"rank {runs.index(bad)}" if len(runs) > 1 else "the process"
+    ended = ("did not end: stopped at the deadline, or after the grace period that followed another rank's "
+             "failure" if bad.exitcode is None else f"exited with status {bad.exitcode}")
+    raise AssertionError(f"{what}: {who} {ended}: {_last_line(bad)}")
 
 
 def _rank_entry(target: Callable[..., Any], args: tuple, rank: int, nprocs: int, port: int,

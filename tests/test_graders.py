@@ -9,7 +9,10 @@ check, and each wrong answer fails exactly the checks that catch its mistake.
 from __future__ import annotations
 
 import ast
+import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -270,3 +273,30 @@ def test_a_failed_run_is_reported_by_its_cause_not_by_the_rank_that_lost_a_peer(
         graders._exited_cleanly(runs, "restoring")
     with pytest.raises(AssertionError, match="rank 0 exited with status 1: .*Connection closed by peer"):
         graders._exited_cleanly([consequence, graders.RankRun(0, "", "", None)], "restoring")
+
+
+def test_a_rank_the_grader_stopped_is_blamed_after_one_that_failed_on_its_own() -> None:
+    """A rank still waiting on a collective when the grader stops it says nothing of the cause;
+    the rank whose own error ended the run does."""
+    stopped = graders.RankRun(None, "", "", None)
+    cause = graders.RankRun(1, "", "Traceback ...\nRuntimeError: failed finding central directory\n", None)
+    with pytest.raises(AssertionError, match=r"rank 1 exited with status 1: .*central directory$"):
+        graders._exited_cleanly([stopped, cause], "restoring")
+    with pytest.raises(AssertionError, match="rank 0 did not end: stopped at the deadline"):
+        graders._exited_cleanly([stopped, graders.RankRun(0, "", "", None)], "restoring")
+
+
+def _hang_on_rank_1_or_kill_self() -> None:
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        time.sleep(60)
+    elif rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_run_ranks_tells_a_rank_it_stopped_from_one_killed_by_a_signal() -> None:
+    """Both end by SIGKILL; only the one that was still running at the deadline reads as stopped."""
+    started = time.monotonic()
+    runs = graders.run_ranks(_hang_on_rank_1_or_kill_self, 3, timeout=2.0)
+    assert [r.exitcode for r in runs] == [0, None, -signal.SIGKILL]
+    assert time.monotonic() - started < 30
