@@ -146,6 +146,8 @@ def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart
         assert size["state_bytes"] >= 3 * 4 * params, "fp32 weights and AdamW's two moments"
         for key in ("save_ours_s", "save_raw_s", "save_raw_fsync_s", "save_floor_s", "restore_ours_s", "restore_raw_s"):
             assert size[key] >= 0, key
+            assert len(size[f"{key}_all"]) == rounds, "every round is reported"
+            assert size[key] == pytest.approx(statistics.median(size[f"{key}_all"]), abs=1e-4), key
         assert size["checkpoint_bytes"] >= size["state_bytes"], "the floor writes what our checkpoint holds"
         assert size["floor_method"] in ("O_DIRECT", "buffered")
         assert_ratio(size["save_ratio"], size["save_ours_s"], size["save_raw_s"])

@@ -72,15 +72,17 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     Then the newest files are restored, in interleaved rounds: ours with
     `CheckpointManager.restore` (verify every file's XXH3, load with `weights_only=True`,
     load the state dicts) and raw with `torch.load(weights_only=True)` and the same two
-    `load_state_dict` calls. Every case starts after an untimed `os.sync()`; restores
-    read files the page cache holds, for both sides.
+    `load_state_dict` calls. Every case starts after an untimed `os.sync()`, and every
+    save case removes its files once its clock stops, so each save starts from the same
+    disk; restores read files the page cache holds, for both sides.
 
     Args:
         cfg: The run whose state is saved; `hidden_dim` sets the size.
         rounds: Timed rounds per case; medians are reported.
 
     Returns:
-        Parameter count, state bytes, median seconds per case and the ratios.
+        Parameter count, state bytes, median seconds per case, the ratios, and every
+        round's seconds per case (`save_ours_s_all`, ...).
     """
     ctx, log = DistContext(), EventLog(0, io.StringIO())
     state = trained_state(cfg, ctx)
@@ -88,25 +90,33 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
     ckpt_cfg, raw = replace(cfg, checkpoint_dir=str(root)), root / "raw.pt"
     ckpt = CheckpointManager(root, log, ckpt_cfg.keep_last)
 
-    def save_ours() -> float:
-        for _, old in ckpt.steps():
-            shutil.rmtree(old)
-        settle(ctx)
-        return timed(lambda: ckpt.save(state, ckpt_cfg, ctx))
+    def write_ours() -> None:
+        ckpt.save(state, ckpt_cfg, ctx)
 
-    def save_raw(fsync: bool) -> float:
+    def write_raw(fsync: bool) -> None:
+        torch.save(_raw_state(state), raw)
+        if fsync:
+            fd = os.open(raw, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def remove_outputs() -> None:
+        for _, step_dir in ckpt.steps():
+            shutil.rmtree(step_dir)
         raw.unlink(missing_ok=True)
-        settle(ctx)
 
-        def save() -> None:
-            torch.save(_raw_state(state), raw)
-            if fsync:
-                fd = os.open(raw, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        return timed(save)
+    def save(write: Callable[[], None]) -> float:
+        # Each save starts from the same disk: no output of an earlier case, nothing dirty.
+        # Removing this case's output afterwards also drops raw's unsynced pages, which
+        # would otherwise be written back at the next case's start, on a disk (a VM's
+        # virtual one here) that is then slower for the next seconds.
+        settle(ctx)
+        try:
+            return timed(write)
+        finally:
+            remove_outputs()
 
     def load_raw() -> None:
         saved = torch.load(raw, map_location="cpu", weights_only=True)
@@ -125,12 +135,16 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
         return seconds
 
     try:
-        save_ours()  # untimed: how many bytes a checkpoint of this state holds
+        write_ours()  # untimed: how many bytes a checkpoint of this state holds
         checkpoint_bytes = sum(f.stat().st_size for _, step_dir in ckpt.steps() for f in step_dir.rglob("*"))
+        remove_outputs()
         floor_methods: set[str] = set()
-        save_cases: dict[str, Callable[[], float]] = {"ours": save_ours, "raw": partial(save_raw, False),
-                                                      "raw_fsync": partial(save_raw, True), "floor": save_floor}
+        save_cases: dict[str, Callable[[], float]] = {
+            "ours": partial(save, write_ours), "raw": partial(save, partial(write_raw, False)),
+            "raw_fsync": partial(save, partial(write_raw, True)), "floor": save_floor}
         saves = interleave(rounds, save_cases)
+        write_ours()  # untimed: the files the restores read
+        write_raw(True)
         restores = interleave(rounds, {"ours": partial(restore, lambda: ckpt.restore(state, ckpt_cfg, ctx)),
                                        "raw": partial(restore, load_raw)})
         state_bytes = raw.stat().st_size
@@ -149,6 +163,10 @@ def checkpoint_round_trip(cfg: TrainConfig, rounds: int) -> dict[str, Any]:
         "save_ratio_fsync": round(save_s["ours"] / save_s["raw_fsync"], 4),
         "save_floor_ratio": round(save_s["ours"] / save_s["floor"], 4),
         "restore_ratio": round(restore_s["ours"] / restore_s["raw"], 4),
+        # Every round, in order: a virtual disk can take an identical write several times as long
+        # from one minute to the next, and a median of a few rounds hides which case it hit.
+        **{f"save_{name}_s_all": [round(t, 4) for t in times] for name, times in saves.items()},
+        **{f"restore_{name}_s_all": [round(t, 4) for t in times] for name, times in restores.items()},
     }
 
 
