@@ -9,13 +9,15 @@ import os
 import pickle
 import sys
 import threading
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from launch import Run, python_module, run_command
+import publish_worker
+from launch import Run, free_port, python_module, run_command, run_ranks
 from checkpoints import published, verify
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.checkpoint.publish import write_file
@@ -26,6 +28,18 @@ FLAGS = ["--max-steps", "30", "--checkpoint-every", "10", "--keep-last", "3", "-
 
 def train(ckpt: Path, *extra: str) -> Run:
     return python_module([*FLAGS, "--checkpoint-dir", str(ckpt), *extra], timeout=120)
+
+
+def test_every_rank_learns_that_rank_0_failed_to_publish(tmp_path: Path) -> None:
+    """Only rank 0 publishes; when that fails, the other ranks raise too, at once, instead of
+    waiting out the group's timeout for a rank 0 that has already left."""
+    run_ranks(publish_worker.failed_publish, (2, free_port(), str(tmp_path)), timeout=30)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["error"] for r in ranks] == ["CheckpointError", "CheckpointError"], ranks
+    assert "No space left on device" in ranks[0]["message"]
+    assert "rank 0 failed to publish the checkpoint of step 1" in ranks[1]["message"]
+    assert max(r["seconds"] for r in ranks) < 20, ranks
+    assert not list(tmp_path.glob("*step-00000001*")), "neither published nor left behind"
 
 
 def snapshot(root: Path) -> dict[str, str]:

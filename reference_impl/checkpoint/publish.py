@@ -64,9 +64,10 @@ def _without_crc32() -> Iterator[None]:
     The CRC32 is most of torch.save's CPU time (about 1.3 s of 1.6 s for a 1.2 GB file
     here), and nothing reads it: `torch.load` never checks it, and the manifest's XXH3
     checksum covers every byte of the file instead. torch keeps the setting per thread
-    (2.13) or per process (older releases); the lock stops two of our writes from
-    interleaving their set-and-restore in the second case. Our writes run one after the
-    other on the training thread, so it never waits.
+    (2.13) or per process (older releases); in the second case the lock stops two of our
+    writes (a synchronous save's on the training thread, an async save's on its writer
+    thread) from interleaving their set-and-restore. One save is in flight at a time, so
+    it rarely waits.
     """
     with _CRC32_LOCK:
         previous = torch.serialization.get_crc32_options()
@@ -150,6 +151,15 @@ def temporary_dir(root: Path, step: int, ctx: DistContext) -> Path:
     return root / name[0]
 
 
+def any_rank_failed(failed: bool, ctx: DistContext, group: dist.ProcessGroup | None = None) -> bool:
+    """Whether `failed` holds on any rank of `group` (the default group when None); every
+    rank must call it. A collective, so it is also a barrier."""
+    flag = torch.tensor(float(failed), device="cpu" if group else ctx.device)
+    if ctx.distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    return bool(flag.item())
+
+
 def agree_written(error: BaseException | None, tmp: Path, step: int, ctx: DistContext,
                   group: dist.ProcessGroup | None = None) -> None:
     """Raise `CheckpointError` on every rank if any rank failed to write its part.
@@ -159,10 +169,7 @@ def agree_written(error: BaseException | None, tmp: Path, step: int, ctx: DistCo
     full disk leaves no debris behind to fill it further. `group` is the group to agree
     on (the default group when None; an async save's own gloo group, on its thread).
     """
-    failed = torch.tensor(float(error is not None), device="cpu" if group else ctx.device)
-    if ctx.distributed:
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=group)
-    if not failed.item():
+    if not any_rank_failed(error is not None, ctx, group):
         return
     if ctx.is_main:
         remove(tmp)
@@ -209,9 +216,15 @@ def finish_save(own: dict[str, Any], publish: Publication, ctx: DistContext,
     files = gather_files(files, ctx, group)
     faults.before_publish(step)
     barrier(ctx, group)  # every rank's files are on disk before rank 0 publishes
+    unpublished: Exception | None = None
     if ctx.is_main:
-        publish(files)
-    barrier(ctx, group)
+        try:
+            publish(files)
+        except Exception as exc:  # the others learn of it below, not from a barrier's timeout
+            unpublished = exc
+    if any_rank_failed(unpublished is not None, ctx, group):  # no rank returns before the publish
+        raise unpublished or CheckpointError(f"rank 0 failed to publish the checkpoint of step {step}; "
+                                             "published checkpoints are untouched")
 
 
 class Publication:
