@@ -216,6 +216,9 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     except Exception as exc:  # name the rank, phase and step of any failure, then fail
         log.error(timer.current, exc, step=state.step)
         raise
+    finally:
+        if saver:
+            saver.close()  # its hook on the optimizer, its copying thread and buffers
     return state
 # --8<-- [end:train_loop]
 

@@ -276,6 +276,41 @@ def test_the_optimizer_step_waits_for_an_async_saves_copy(tmp_path: Path, monkey
     assert torch.equal(loaded["model"]["weight"], saved), "the checkpoint holds the weights it was asked to save"
 
 
+def test_a_run_releases_its_async_saver(tmp_path: Path) -> None:
+    """The optimizer's step hook would keep the saver, its copying thread and a host copy of
+    the state alive after `train` returns, one more of each per call."""
+    from reference_impl.config import TrainConfig
+    from reference_impl.distributed import DistContext
+    from reference_impl.metrics import EventLog
+    from reference_impl.train import train as run_train
+
+    cfg = TrainConfig.from_cli(["--model", "mlp", "--strategy", "fsdp", "--async-checkpoint", "--checkpoint-dir",
+                                str(tmp_path), "--checkpoint-every", "2", "--max-steps", "4", "--warmup-steps", "0",
+                                "--device", "cpu", "--micro-batch-size", "8", "--dataset-size", "64"])
+    state = None
+    for _ in range(2):  # the second call restores step 4 and trains nothing, but still starts a saver
+        state = run_train(cfg, DistContext(), EventLog(0, io.StringIO()), state=state)
+        assert not state.optimizer._optimizer_step_pre_hooks, "the saver's hook outlived the run"
+        deadline = time.monotonic() + 10
+        while any(t.name.startswith("checkpoint-staging") for t in threading.enumerate()):
+            assert time.monotonic() < deadline, "the stager's thread outlived the run"
+            time.sleep(0.01)
+    assert published(tmp_path)[0].name == "step-00000004"
+
+
+def test_waiting_on_an_async_save_given_no_end_waits_for_its_write(tmp_path: Path) -> None:
+    """`then` attaches the save's end; without it, `wait` still returns once the write does."""
+    from reference_impl.checkpoint.layouts import AsyncSaver
+
+    saver = AsyncSaver()
+    saver.start({"model": torch.nn.Linear(8, 8).state_dict()}, tmp_path / "dcp")
+    waiter = threading.Thread(target=saver.wait, daemon=True)
+    waiter.start()
+    waiter.join(30)
+    assert not waiter.is_alive(), "wait() never returned"
+    assert (tmp_path / "dcp" / ".metadata").is_file()
+
+
 def test_one_host_stager_serves_every_async_save(tmp_path: Path) -> None:
     """Its buffers from the first save are refilled by the next, not allocated again."""
     from reference_impl.checkpoint.layouts import AsyncSaver

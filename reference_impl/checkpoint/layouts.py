@@ -234,7 +234,9 @@ class AsyncSaver:
         self._future: Any = None
         self._staged: Any = None
         self._finished = threading.Event()
+        self._finishing = False  # whether `then` gave the save in flight an end to run
         self._error: BaseException | None = None
+        self._hook: Any = None
 
     def start(self, state: dict[str, Any], path: Path) -> None:
         """Begin copying `state` and writing it to `path` with DCP; returns at once."""
@@ -253,6 +255,7 @@ class AsyncSaver:
         self._staged = getattr(response, "staging_completion", None)
         self._future = getattr(response, "upload_completion", response)
         self._finished.clear()
+        self._finishing = False
 
     def wait_staged(self) -> None:
         """Block until DCP's copy of the state is complete: the parameters may change after."""
@@ -262,7 +265,7 @@ class AsyncSaver:
 
     def guard(self, optimizer: torch.optim.Optimizer) -> None:
         """Make every `optimizer.step()` wait until the save in flight has copied the state."""
-        optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
+        self._hook = optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
 
     def then(self, finish: Callable[[BaseException | None], None]) -> None:
         """Run `finish` once the write in flight completes, with the write's error or None.
@@ -270,6 +273,7 @@ class AsyncSaver:
         It runs on DCP's writing thread (or at once, here, if the write is already done), so
         its collectives must use this saver's `group`; `wait` re-raises what it raises.
         """
+        self._finishing = True
         self._future.add_done_callback(lambda done: self._finish(done, finish))
 
     def _finish(self, done: Any, finish: Callable[[BaseException | None], None]) -> None:
@@ -283,12 +287,31 @@ class AsyncSaver:
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and finished; re-raise its error."""
         self.wait_staged()
-        if self._future is None:
+        future, self._future = self._future, None
+        if future is None:
             return
-        self._future = None
-        self._finished.wait()
+        if self._finishing:
+            self._finished.wait()
+        else:  # started, but given no end to run: the write is all there is to wait for
+            self._error = future.exception()
         if self._error is not None:
             error, self._error = self._error, None
             if isinstance(error, CheckpointError):
                 raise error
             raise CheckpointError(f"finishing an async checkpoint failed: {error}") from error
+
+    def close(self) -> None:
+        """Release what the saver holds for the run: the optimizer's hook (which keeps the saver
+        alive), and, unless a save is still in flight, the stager's thread and buffers."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._future is not None:  # a failed run may leave a write going: it keeps its stager
+            return
+        from reference_impl.checkpoint.staging import HostStager
+
+        stager, self._stager = self._stager, None
+        if isinstance(stager, HostStager):
+            stager.shutdown()
+        elif stager is not None and _CALLER_CLOSES_STAGER:  # a DefaultStager torch left open
+            stager.close()

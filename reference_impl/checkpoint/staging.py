@@ -60,11 +60,16 @@ class HostStager(AsyncStager):
         return
 
     def close(self) -> None:
-        """Nothing to release before the stager itself goes.
+        """Nothing to release here: `shutdown` does, when its owner is done with it.
 
         Torch before 2.13 calls `close` on the stager it is given once each save completes;
-        the buffers must outlive that to serve the next save, so they go with the stager.
+        the buffers must outlive that to serve the next save.
         """
+
+    def shutdown(self) -> None:
+        """Drop the buffers and let the copying thread end once its work (if any) is done."""
+        self._kept.clear()
+        self._executor.shutdown(wait=False)
 
     def _mirror(self, value: Any, key: tuple[Hashable, ...], copies: Copies) -> Any:
         """`value` with each tensor replaced by its buffer, and the copies that fill them."""
