@@ -1,4 +1,4 @@
-"""A rank of a real gloo group whose rank 0 fails to publish a save (`tests/test_checkpoint.py`)."""
+"""Ranks of a real gloo group whose rank 0 alone fails part of a save (`tests/test_checkpoint.py`)."""
 
 from __future__ import annotations
 
@@ -48,5 +48,43 @@ def failed_publish(rank: int, world_size: int, port: int, out_dir: str) -> None:
             raised = {"error": type(exc).__name__, "message": str(exc)}
         raised["seconds"] = time.perf_counter() - started
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(raised))
+    finally:
+        dist.destroy_process_group()
+
+
+
+def _copy_without_memory(*args: Any) -> Any:
+    raise MemoryError("no memory for the copy")
+
+
+def _reraise(failure: BaseException | None) -> None:
+    if failure is not None:
+        raise failure
+
+
+def failed_copy(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Three async saves; the second one's copy fails on rank 0 only. Each rank records what
+    each save's `wait` raised and how long it took."""
+    from reference_impl.checkpoint import staging
+    from reference_impl.checkpoint.layouts import AsyncSaver
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    try:
+        copy_all, state = staging._copy_all, {"model": torch.nn.Linear(16, 16).state_dict()}
+        saver, results = AsyncSaver(timeout_s=60), []
+        for save in range(3):
+            staging._copy_all = _copy_without_memory if rank == 0 and save == 1 else copy_all
+            started = time.perf_counter()
+            saver.start(state, Path(out_dir, f"save{save}"))
+            saver.then(_reraise)
+            try:
+                saver.wait()
+                results.append({"error": None})
+            except Exception as exc:
+                results.append({"error": type(exc).__name__, "message": str(exc)})
+            results[-1]["seconds"] = time.perf_counter() - started
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -42,6 +42,18 @@ def test_every_rank_learns_that_rank_0_failed_to_publish(tmp_path: Path) -> None
     assert not list(tmp_path.glob("*step-00000001*")), "neither published nor left behind"
 
 
+def test_every_rank_learns_that_rank_0_failed_to_copy_its_state_for_an_async_save(tmp_path: Path) -> None:
+    """The failing rank skips DCP's collectives; its peers learn of the failure before
+    entering them, instead of waiting there for the group's timeout, and the next save works."""
+    run_ranks(publish_worker.failed_copy, (2, free_port(), str(tmp_path)), timeout=40)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [[save["error"] for save in r] for r in ranks] == [[None, "CheckpointError", None]] * 2, ranks
+    assert "no memory for the copy" in ranks[0][1]["message"]
+    assert "another rank failed to copy its state" in ranks[1][1]["message"]
+    assert max(save["seconds"] for r in ranks for save in r) < 20, ranks
+    assert (tmp_path / "save2" / ".metadata").is_file()
+
+
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under root with its sha256: proves a failed start overwrote nothing."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()

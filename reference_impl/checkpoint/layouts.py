@@ -243,14 +243,15 @@ class AsyncSaver:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        from reference_impl.checkpoint.staging import HostStager
+        from reference_impl.checkpoint.staging import AgreedStager, HostStager
 
         # One stager for the run, except a DefaultStager that torch closes after each save.
         kept = isinstance(self._stager, HostStager) or (self._stager is not None and _CALLER_CLOSES_STAGER)
         if not kept:
             self._stager = HostStager() if _on_host(state) else DefaultStager(StagingOptions(
                 use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True))
-        response = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=self._stager)
+        stager = self._stager if self.group is None else AgreedStager(self._stager, self.group)
+        response = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=stager)
         # With background staging DCP returns two futures: copied, and written.
         self._staged = getattr(response, "staging_completion", None)
         self._future = getattr(response, "upload_completion", response)
@@ -258,10 +259,14 @@ class AsyncSaver:
         self._finishing = False
 
     def wait_staged(self) -> None:
-        """Block until DCP's copy of the state is complete: the parameters may change after."""
+        """Block until DCP's copy of the state is complete: the parameters may change after.
+
+        A failed copy does not raise here (in the optimizer's step): it fails the write as
+        well, and `wait` reports it as the save's error.
+        """
         staged, self._staged = self._staged, None
         if staged is not None:
-            staged.result()
+            staged.exception()
 
     def guard(self, optimizer: torch.optim.Optimizer) -> None:
         """Make every `optimizer.step()` wait until the save in flight has copied the state."""

@@ -24,8 +24,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
+
+from reference_impl.checkpoint.files import CheckpointError
 
 Copies = list[tuple[torch.Tensor, torch.Tensor]]  # (buffer, source) pairs
 
@@ -92,6 +95,64 @@ class HostStager(AsyncStager):
             kept = self._kept[key] = (layout, staged, buffer)
         copies.append((kept[2], source))
         return kept[1]
+
+
+class AgreedStager(AsyncStager):
+    """Another stager's copy, which no rank's save goes past until every rank of `group` has
+    finished its own, or learned that one failed.
+
+    After the copy, DCP's writer runs collectives on `group` (planning the save). A rank
+    whose copy failed skips them and goes on to its save's end, so without this agreement
+    its peers would wait in those collectives and fail at the group's timeout, with an
+    error that does not name the cause. The agreement is one all-reduce on the inner
+    stager's copying thread; a copy that fails on the calling thread agrees there.
+    """
+
+    def __init__(self, inner: AsyncStager, group: dist.ProcessGroup) -> None:
+        self.inner, self.group = inner, group
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self.inner.should_synchronize_after_execute
+
+    def stage(self, state_dict: dict[str, Any]) -> Future[dict[str, Any]]:
+        """The inner stager's copy, resolved once every rank agrees that theirs succeeded."""
+        agreed: Future[dict[str, Any]] = Future()
+        try:
+            staged = self.inner.stage(state_dict)
+        except Exception as exc:  # failed here, on the calling thread: agree here
+            self._settle(agreed, None, exc)
+            return agreed
+        if not isinstance(staged, Future):
+            self._settle(agreed, staged, None)
+            return agreed
+
+        def done(copied: Future[dict[str, Any]]) -> None:
+            error = copied.exception()
+            self._settle(agreed, None if error else copied.result(), error)
+
+        staged.add_done_callback(done)
+        return agreed
+
+    def _settle(self, agreed: Future[dict[str, Any]], staged: dict[str, Any] | None,
+                error: BaseException | None) -> None:
+        failed = torch.tensor(float(error is not None))
+        try:
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        except Exception as exc:  # the group itself failed: that is the save's error
+            error = error or exc
+        if error is None and failed.item():
+            error = CheckpointError("another rank failed to copy its state for this checkpoint")
+        if error is None:
+            agreed.set_result(staged)  # type: ignore[arg-type]
+        else:
+            agreed.set_exception(error)
+
+    def synchronize_staging(self) -> None:
+        self.inner.synchronize_staging()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def _form(tensor: torch.Tensor) -> tuple[Any, ...]:
