@@ -14,6 +14,7 @@ import json
 import math
 import random
 import statistics
+from pathlib import Path
 
 import launch
 import pytest
@@ -102,6 +103,22 @@ def test_a_bad_count_is_one_line_and_exit_status_2(argv: list[str], message: str
     assert exit_info.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == f"python -m reference_impl.bench {argv[0]}: error: {message}"
+
+
+@pytest.mark.parametrize("flags", [["--checkpoint-dir", "CKPT"], ["--sample-log", "CKPT"], ["--fail-at-step", "1"]])
+def test_a_benchmark_refuses_to_touch_a_real_runs_files_or_kill_itself(
+        flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench overhead --checkpoint-dir D` used to restore, prune and write D's checkpoints
+    without its lock, and time loops that trained nothing; `--fail-at-step` SIGKILLed it."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "step-00000002").mkdir()
+    argv = ["overhead", "--rounds", "1", "--tiny-steps", "0", *[str(ckpt) if f == "CKPT" else f for f in flags]]
+    assert bench_main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"reference_impl.bench overhead: error: {flags[0]}: benchmarks write only to scratch "
+                    "directories of their own and run every loop to the end")
+    assert [p.name for p in ckpt.iterdir()] == ["step-00000002"]
 
 
 def test_more_processes_than_gpus_is_refused_before_torchrun_starts(monkeypatch: pytest.MonkeyPatch,

@@ -76,6 +76,23 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
+def check_scratch_only(cfg: TrainConfig) -> None:
+    """Refuse the flags that would point a benchmark at the user's files or kill it midway.
+
+    A benchmark writes its checkpoints into scratch directories of its own and times loops
+    that must run to the end; with `--checkpoint-dir` a loop would restore, prune and write
+    a real run's checkpoints (without its lock), and `--fail-at-step` would SIGKILL it.
+
+    Raises:
+        ConfigError: One of those flags is set.
+    """
+    given = [flag for flag, value in (("--checkpoint-dir", cfg.checkpoint_dir), ("--sample-log", cfg.sample_log),
+                                      ("--fail-at-step", cfg.fail_at_step)) if value]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: benchmarks write only to scratch directories of their own "
+                          "and run every loop to the end")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark named on the command line; 2 on a bad flag, 1 on a failed run.
 
@@ -90,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         # Validate with the world size the ranks will have, so a bad flag fails here, once.
         environ = {"WORLD_SIZE": str(args.nproc)} if launch else None
         cfg = TrainConfig.from_cli([*bench.train_defaults, *train_flags], environ)
+        check_scratch_only(cfg)
         preflight(cfg, args.nproc if launch else None)  # e.g. --device cuda without a GPU, or too few
         if launch:
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
