@@ -10,14 +10,15 @@ process group, with `torch.load(OUT, weights_only=True)`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 
-import torch
-
 from reference_impl.checkpoint import CheckpointError, CheckpointManager
+from reference_impl.checkpoint.files import fsync_dir, remove
 from reference_impl.checkpoint.layouts import LAYOUTS
+from reference_impl.checkpoint.publish import write_file
 from reference_impl.metrics import EventLog
 
 
@@ -28,8 +29,14 @@ def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path
     go to `log`, stderr by default).
 
     Raises:
-        CheckpointError: No published checkpoint is valid.
+        CheckpointError: `out` is a directory or inside `checkpoint_dir` (whose files belong to
+            the run that writes them), no published checkpoint is valid, or writing `out` failed
+            (nothing is left behind but what `out` held before).
     """
+    if out.is_dir():
+        raise CheckpointError(f"{out} is a directory; give the file to write")
+    if out.resolve().is_relative_to(checkpoint_dir.resolve()):
+        raise CheckpointError(f"{out} is inside {checkpoint_dir}; write the export elsewhere")
     chosen = CheckpointManager(checkpoint_dir, log or EventLog(0, sys.stderr)).choose()
     if chosen is None:
         raise CheckpointError(f"no valid checkpoint under {checkpoint_dir}")
@@ -40,13 +47,19 @@ def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path
     payload = {"model": model, "step": manifest["step"],
                "resume_fields": manifest["resume_fields"]}
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # unique per writer
-    torch.save(payload, tmp)
-    os.replace(tmp, out)
+    try:
+        write_file(tmp, payload)  # fsynced: the rename below never publishes a torn file
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # e.g. ENOTDIR: there is nothing to remove
+            remove(tmp)
+        raise CheckpointError(f"writing {out} failed: {exc.strerror or exc}") from exc
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; exits 2 when there is nothing valid to export."""
+    """Command-line entry point; exits 2 when there is nothing valid to export or `out` cannot be written."""
     parser = argparse.ArgumentParser(prog="python -m reference_impl.export", description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint_dir", type=Path)
     parser.add_argument("out", type=Path)

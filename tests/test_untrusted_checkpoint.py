@@ -22,6 +22,7 @@ from launch import python_module
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.export import export
+from reference_impl.export import main as export_main
 from reference_impl.metrics import EventLog
 from reference_impl.train import preflight
 
@@ -189,3 +190,23 @@ def test_export_of_a_sharded_checkpoint_writes_no_scratch_files_inside_it(tmp_pa
     assert export(ckpt, out).name == "step-00000002"
     assert {p: os.stat(p).st_mtime_ns for p in before} == before, "no scratch file created and removed there"
     assert torch.load(out, weights_only=True)["step"] == 2
+
+
+def test_export_refuses_an_output_it_would_damage_and_names_a_failed_write(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An output inside the checkpoint directory used to overwrite the newest checkpoint's own
+    file (and exit 0); a directory or an unwritable path ended in a traceback."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt)
+    (tmp_path / "afile").write_text("not a directory")
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt.rglob("*") if p.is_file()}
+    cases = {ckpt / "step-00000020" / "train.pt": "is inside", ckpt: "is a directory",
+             tmp_path / "afile" / "model.pt": "failed: Not a directory"}
+    for out, message in cases.items():
+        assert export_main([str(ckpt), str(out)]) == 2, out
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("reference_impl.export: error: ") and message in last, last
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in ckpt.rglob("*") if p.is_file()} == before
+    assert not list(tmp_path.rglob("*.tmp")), "no scratch file left behind"
+    assert export_main([str(ckpt), str(tmp_path / "model.pt")]) == 0
+    assert torch.load(tmp_path / "model.pt", weights_only=True)["step"] == 20
