@@ -326,18 +326,24 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     with ExitStack() as stack:
         try:
-            cfg = start(argv, stack)
-        except ConfigError as exc:
-            local_rank = os.environ.get("LOCAL_RANK", "0")
-            # Under torchrun, one line per node. A LOCAL_RANK that is no number may be the error.
-            if local_rank == "0" or not local_rank.isdigit():
-                print(f"reference_impl.train: error: {exc}", file=sys.stderr)
-            else:
-                # torchrun stops every worker once one exits: leaving first could get local
-                # rank 0 killed before it printed the error. Its exit ends this wait early.
-                time.sleep(QUIET_RANK_WAIT_S)
-            return 2
-        return run(cfg)
+            return run(start(argv, stack))
+        except (ConfigError, IncompatibleCheckpoint) as exc:
+            # The second is found at the restore when the newest checkpoint is unusable and
+            # the one before it was saved by another config: the same refusal, on every rank.
+            return bad_input(exc)
+
+
+def bad_input(error: Exception) -> int:
+    """Print `error` as one line, once per node (by local rank 0), and return exit status 2."""
+    local_rank = os.environ.get("LOCAL_RANK", "0")
+    # Under torchrun, one line per node. A LOCAL_RANK that is no number may be the error.
+    if local_rank == "0" or not local_rank.isdigit():
+        print(f"reference_impl.train: error: {error}", file=sys.stderr)
+    else:
+        # torchrun stops every worker once one exits: leaving first could get local
+        # rank 0 killed before it printed the error. Its exit ends this wait early.
+        time.sleep(QUIET_RANK_WAIT_S)
+    return 2
 
 
 def run(cfg: TrainConfig) -> int:

@@ -180,6 +180,26 @@ def test_an_incompatible_config_exits_2_and_overwrites_nothing(
     assert snapshot(three_checkpoints) == before
 
 
+def test_an_incompatible_fallback_exits_2_and_overwrites_nothing(tmp_path: Path) -> None:
+    """The newest checkpoint is compatible but corrupt; the one before it was saved with another
+    learning rate. The refusal comes at the restore, not at the start: still one line, exit 2."""
+    assert train(tmp_path, "--max-steps", "10").returncode == 0
+    resumed = train(tmp_path, "--max-steps", "20", "--lr", "0.01", "--allow-config-change", "lr,max_steps")
+    assert resumed.returncode == 0, resumed.stderr
+    newest = tmp_path / "step-00000020" / "train.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    before = snapshot(tmp_path)
+    run = train(tmp_path, "--max-steps", "20", "--lr", "0.01")
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "checkpoint at step 10 is incompatible (lr: checkpoint" in lines[0], lines
+    after = snapshot(tmp_path)
+    assert after.pop(".lock") and before.pop(".lock"), "the run held the directory's lock"
+    assert after == before
+
+
 def test_a_documented_flag_allows_a_deliberate_change(three_checkpoints: Path) -> None:
     run = train(three_checkpoints, "--max-steps", "40", "--lr", "0.01", "--allow-config-change", "lr,max_steps")
     assert run.returncode == 0, run.stderr
