@@ -94,6 +94,34 @@ def node_ranks() -> tuple[int, int]:
     """
     local_rank = env_count("LOCAL_RANK", "0")
     return local_rank, env_count("LOCAL_WORLD_SIZE", str(local_rank + 1), low=1)
+
+
+def launch_env() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT) from torchrun's environment, checked.
+
+    Raises:
+        RuntimeError: One is not a count, or RANK is not below WORLD_SIZE (a rank that
+            waits for peers that cannot exist would wait forever).
+    """
+    world_size, rank = env_count("WORLD_SIZE", "1", low=1), env_count("RANK", "0")
+    if rank >= world_size:
+        raise RuntimeError(f"RANK={rank} in the environment is not below WORLD_SIZE={world_size}")
+    return rank, world_size, env_count("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def rendezvous_address() -> tuple[str, int]:
+    """torchrun's MASTER_ADDR and MASTER_PORT, where the ranks meet.
+
+    Raises:
+        RuntimeError: MASTER_ADDR is unset or empty, or MASTER_PORT is not a port number.
+    """
+    address = os.environ.get("MASTER_ADDR", "")
+    if not address:
+        raise RuntimeError("MASTER_ADDR is not set: start the ranks with torchrun (or unset WORLD_SIZE)")
+    port = env_count("MASTER_PORT", "", low=1)
+    if port > 65535:
+        raise RuntimeError(f"MASTER_PORT={port} in the environment is not a port (1-65535)")
+    return address, port
 # --8<-- [end:context]
 
 
@@ -105,13 +133,13 @@ def init_distributed(device: str = "auto", timeout_s: float = 120.0) -> DistCont
     """
     if "WORLD_SIZE" not in os.environ:
         return DistContext(device=pick_device(device, 0))
-    rank, world_size = env_count("RANK", "0"), int(os.environ["WORLD_SIZE"])
+    rank, world_size, restart_count = launch_env()
+    rendezvous_address()  # checked here: torch's own message for a missing one is a traceback
     local_rank, local_world_size = node_ranks()
     dev = pick_device(device, local_rank, local_world_size)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # before init, so NCCL binds this rank to its own GPU
     backend = "nccl" if dev.type == "cuda" else "gloo"
-    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     dist.init_process_group(
         backend, store=_attempt_store(restart_count, world_size), rank=rank,
         world_size=world_size, timeout=timedelta(seconds=timeout_s),
@@ -128,8 +156,7 @@ def _attempt_store(restart_count: int, world_size: int) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None  # the default env:// rendezvous is fine outside torchrun
-    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                         world_size, is_master=False)
+    base = dist.TCPStore(*rendezvous_address(), world_size, is_master=False)
     return dist.PrefixStore(f"attempt_{restart_count}", base)
 # --8<-- [end:init_distributed]
 

@@ -27,7 +27,16 @@ from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample
-from reference_impl.distributed import DistContext, distributed, env_count, exit_process, node_ranks, pick_device
+from reference_impl.distributed import (
+    DistContext,
+    distributed,
+    env_count,
+    exit_process,
+    launch_env,
+    node_ranks,
+    pick_device,
+    rendezvous_address,
+)
 from reference_impl.experts import take_stats
 from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
@@ -249,12 +258,16 @@ def preflight(cfg: TrainConfig, ranks_per_node: int | None = None) -> None:
             count in this process's own torchrun environment.
 
     Raises:
-        ConfigError: The device is missing (or has fewer GPUs than ranks on this node), a
-            path is not a directory, the sample log cannot be written, or the newest
-            checkpoint is incompatible.
+        ConfigError: torchrun's variables are malformed or inconsistent, the device is
+            missing (or has fewer GPUs than ranks on this node), a path is not a directory,
+            the sample log cannot be written, or the newest checkpoint is incompatible.
     """
+    launched = "WORLD_SIZE" in os.environ
     try:
-        env_count("RANK", "0")
+        if launched:
+            launch_env()
+        else:
+            env_count("RANK", "0")
         pick_device(cfg.device, *((0, ranks_per_node) if ranks_per_node else node_ranks()))
     except RuntimeError as exc:
         raise ConfigError(str(exc)) from None
@@ -270,6 +283,11 @@ def preflight(cfg: TrainConfig, ranks_per_node: int | None = None) -> None:
             check_compatible(manifest, cfg)
         except IncompatibleCheckpoint as exc:
             raise ConfigError(str(exc)) from None
+    try:
+        if launched:
+            rendezvous_address()
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_directory(path: Path, name: str) -> None:

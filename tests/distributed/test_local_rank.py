@@ -83,3 +83,40 @@ def test_the_trainer_prints_a_malformed_local_rank_instead_of_waiting_silently()
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
         "reference_impl.train: error: LOCAL_RANK='one' in the environment is not a whole number of at least 0"]
+
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE")
+MEETING_POINT = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"}
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"WORLD_SIZE": "1", "RANK": "3", **MEETING_POINT}, "RANK=3 in the environment is not below WORLD_SIZE=1"),
+    ({"WORLD_SIZE": "1", "TORCHELASTIC_RESTART_COUNT": "abc", **MEETING_POINT},
+     "TORCHELASTIC_RESTART_COUNT='abc' in the environment is not a whole number of at least 0"),
+    ({"WORLD_SIZE": "1"}, "MASTER_ADDR is not set: start the ranks with torchrun (or unset WORLD_SIZE)"),
+    ({"WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "abc"},
+     "MASTER_PORT='abc' in the environment is not a whole number of at least 1"),
+    ({"WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"},
+     "MASTER_PORT=99999 in the environment is not a port (1-65535)"),
+])
+def test_torchruns_variables_are_checked_before_a_rank_waits_for_its_peers(
+        monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str) -> None:
+    """Each used to end in a traceback from deep inside torch, and RANK=3 of 1 in a silent hang."""
+    from reference_impl.config import ConfigError, TrainConfig
+    from reference_impl.train import preflight
+
+    for name in TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as refused:
+        preflight(TrainConfig())
+    assert str(refused.value) == message
+
+
+def test_a_rank_outside_its_world_exits_2_with_one_line_instead_of_hanging() -> None:
+    run = python_module([], env={"WORLD_SIZE": "1", "RANK": "3", **MEETING_POINT}, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        "reference_impl.train: error: RANK=3 in the environment is not below WORLD_SIZE=1"]
