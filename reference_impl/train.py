@@ -11,6 +11,7 @@ import json
 import math
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -110,14 +111,42 @@ class SampleLog:
         if not self.path:
             return
         if self.ctx.is_main:
-            for file in sorted(self.path.parent.glob("rank*.jsonl")):
-                keep = [line for line in file.read_text().splitlines()
-                        if line and json.loads(line)["step"] <= step]
+            for file in sample_log_files(self.path.parent):
+                keep = [line for line in file.read_text().splitlines() if line and _logged_step(file, line) <= step]
                 tmp = file.with_suffix(".tmp")
                 tmp.write_text("".join(line + "\n" for line in keep))
                 os.replace(tmp, file)
         if self.ctx.distributed:
             dist.barrier()
+
+
+def sample_log_files(directory: Path) -> list[Path]:
+    """Every rank's file in a sample log directory, each a regular file.
+
+    Raises:
+        ConfigError: A `rank*.jsonl` entry is a directory, a link, a FIFO or a device
+            (opening a FIFO to read it would wait forever for a writer).
+    """
+    files = sorted(directory.glob("rank*.jsonl"))
+    for file in files:
+        if not stat.S_ISREG(file.lstat().st_mode):
+            raise ConfigError(f"sample_log {directory} holds {file.name}, which is not a regular file")
+    return files
+
+
+def _logged_step(file: Path, line: str) -> int:
+    """The step of one sample log entry.
+
+    Raises:
+        ConfigError: The line is not an entry this log writes.
+    """
+    try:
+        step = json.loads(line)["step"]
+    except (ValueError, TypeError, KeyError):
+        step = None
+    if type(step) is not int:
+        raise ConfigError(f"sample_log {file} holds a line that is not a sample log entry: {line[:60]!r}")
+    return step
 
 
 class NonFiniteLoss(RuntimeError):
@@ -260,7 +289,8 @@ def preflight(cfg: TrainConfig, ranks_per_node: int | None = None) -> None:
     Raises:
         ConfigError: torchrun's variables are malformed or inconsistent, the device is
             missing (or has fewer GPUs than ranks on this node), a path is not a directory,
-            the sample log cannot be written, or the newest checkpoint is incompatible.
+            the sample log cannot be written or holds a rank file that is not a regular file,
+            or the newest checkpoint is incompatible.
     """
     launched = "WORLD_SIZE" in os.environ
     try:
@@ -276,6 +306,7 @@ def preflight(cfg: TrainConfig, ranks_per_node: int | None = None) -> None:
             check_directory(Path(getattr(cfg, name)), name)
     if cfg.sample_log:
         check_writable(Path(cfg.sample_log), "sample_log")
+        sample_log_files(Path(cfg.sample_log))
     manifest = (CheckpointManager(Path(cfg.checkpoint_dir), EventLog(0, sys.stderr)).newest_manifest()
                 if cfg.checkpoint_dir else None)
     if manifest is not None:

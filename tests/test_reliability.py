@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -298,3 +299,26 @@ def test_only_local_rank_0_prints_the_error() -> None:
     env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
     run = python_module(["--seed", "-1"], timeout=30, env=env)
     assert run.returncode == 2 and run.stderr == ""
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize(("plant", "message"), [
+    (lambda path: path.write_text("garbage\n"), "holds a line that is not a sample log entry: 'garbage'"),
+    (lambda path: path.write_text('{"x": 1}\n'), "holds a line that is not a sample log entry"),
+    (lambda path: path.mkdir(), "holds rank0.jsonl, which is not a regular file"),
+    (_fifo, "holds rank0.jsonl, which is not a regular file"),
+])
+def test_a_sample_log_with_foreign_entries_is_one_line_and_exit_2(
+        tmp_path: Path, plant: Callable[[Path], None], message: str) -> None:
+    """Garbage, a directory or a FIFO where a rank's file belongs used to end in a traceback,
+    or, for the FIFO, in a run that waited forever for a writer."""
+    log = tmp_path / "samples"
+    log.mkdir()
+    plant(log / "rank0.jsonl")
+    run = train(tmp_path / "ckpt", 2, "--sample-log", str(log))
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reference_impl.train: error: sample_log ") and message in lines[0]
