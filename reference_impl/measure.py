@@ -303,9 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure the chosen datasets, write each to `OUT/NAME.json`; 1 if a run failed."""
+    """Measure the chosen datasets, write each to `OUT/NAME.json`; 2 if OUT is not a writable
+    folder, 1 if a run failed."""
     args = build_parser().parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:  # before the first measurement, which can take minutes
+        args.out.mkdir(parents=True, exist_ok=True)
+        probe = args.out / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        print(f"{COMMAND}: error: --out {args.out} is not a writable folder: {exc.strerror}", file=sys.stderr)
+        return 2
     for name in args.only or DATASETS:
         t0 = time.perf_counter()
         try:

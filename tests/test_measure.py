@@ -44,6 +44,19 @@ def test_a_failed_measurement_exits_1_and_writes_nothing(tmp_path: Path, monkeyp
     assert "memory failed: the run died" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["file", "under a file"])
+def test_an_out_that_is_no_writable_folder_is_one_line_before_any_measurement(
+        where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """It used to measure for minutes, then end in a traceback when it came to write."""
+    monkeypatch.setitem(measure.DATASETS, "memory", lambda: pytest.fail("measured before checking --out"))
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "data"
+    assert measure.main(["--out", str(out), "--only", "memory"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"python -m reference_impl.measure: error: --out {out} is not a "
+                                               "writable folder: "), err
+
+
 def test_phases_are_milliseconds_per_step_after_the_first_log_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each `step` event's `phase_s` sums its window since the last log (here 5, 5, 5 and 3
     steps); the start-up window is dropped and the rest divided by the 13 steps it covers."""
