@@ -275,6 +275,20 @@ def test_out_of_range_values_exit_2_with_one_line(flags: list[str], message: str
     assert message in error_line(run)
 
 
+def test_a_path_that_is_not_utf_8_is_a_path_like_any_other(tmp_path: Path) -> None:
+    """Linux names are bytes; Python hands undecodable ones to the program as surrogates, which
+    `str.encode` refuses (this ended in a UnicodeEncodeError traceback). The run trains,
+    checkpoints and resumes there, and the length check counts the name's bytes."""
+    from reference_impl.config import ConfigError, TrainConfig
+
+    ckpt = os.fsdecode(bytes(tmp_path) + b"/\xffckpt")
+    assert train(Path(ckpt), 10).returncode == 0
+    resumed = train(Path(ckpt), 20, "--allow-config-change", "max_steps")
+    assert resumed.returncode == 0 and resumed.of("checkpoint_restored")[0]["step"] == 10, resumed.stderr
+    with pytest.raises(ConfigError, match="longer than 255 bytes"):
+        TrainConfig(checkpoint_dir=os.fsdecode(b"\xff" * 256))
+
+
 def test_a_checkpoint_path_that_is_a_file_exits_2(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

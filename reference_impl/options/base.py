@@ -78,7 +78,7 @@ def short_path_parts(obj: Any, *names: str) -> None:
     """No component of the named path fields is longer than the file system allows."""
     for name in names:
         path = getattr(obj, name)
-        if path and any(len(part.encode()) > NAME_MAX for part in path.split(os.sep)):
+        if path and any(len(os.fsencode(part)) > NAME_MAX for part in path.split(os.sep)):  # undecodable bytes too
             fail(f"{name} has a path component longer than {NAME_MAX} bytes")
 
 
