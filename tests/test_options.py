@@ -32,6 +32,13 @@ OWN_ERRORS: list[tuple[type, dict[str, Any], str]] = [
     (RuntimeOptions, {"log_every": 0}, "log_every must be >= 1"),
     (CheckpointOptions, {"checkpoint_every": 10}, "checkpoint_every needs checkpoint_dir"),
     (FaultOptions, {"preempt_grace_s": -1.0}, "preempt_grace_s must be a positive finite number"),
+    # Finite but past what the first use can hold: float32 math, a thread's wait.
+    (OptimizerOptions, {"lr": 1e300}, "lr must be at most 3.40282e+38 (got 1e+300)"),
+    (OptimizerOptions, {"weight_decay": 1e39}, "weight_decay must be at most 3.40282e+38 (got 1e+39)"),
+    (PrecisionOptions, {"fp16_init_scale": 1e300}, "fp16_init_scale must be at most 3.40282e+38 (got 1e+300)"),
+    (RuntimeOptions, {"pg_timeout_s": 1e300}, "pg_timeout_s must be at most 9.22337e+09 (got 1e+300)"),
+    (FaultOptions, {"preempt_grace_s": 1e300}, "preempt_grace_s must be at most 9.22337e+09 (got 1e+300)"),
+    (FaultOptions, {"step_timeout_s": 1e300}, "step_timeout_s must be at most 9.22337e+09 (got 1e+300)"),
 ]
 
 

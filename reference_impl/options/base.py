@@ -58,20 +58,29 @@ def at_least(obj: Any, bound: int, *names: str) -> None:
             fail(f"{name} must be >= {bound} (got {getattr(obj, name)})")
 
 
-def positive_finite(obj: Any, *names: str) -> None:
-    """Each named float field is finite and above 0."""
+# The largest float32: a learning rate, a decay or a loss scale above it overflows the
+# first tensor op that uses it, deep in the optimizer, instead of failing here.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def positive_finite(obj: Any, *names: str, most: float = FLOAT32_MAX) -> None:
+    """Each named float field is finite, above 0 and at most `most`."""
     for name in names:
         value = getattr(obj, name)
         if not (math.isfinite(value) and value > 0):
             fail(f"{name} must be a positive finite number (got {value})")
+        if value > most:
+            fail(f"{name} must be at most {most:g} (got {value:g})")
 
 
-def finite_non_negative(obj: Any, *names: str) -> None:
-    """Each named float field is finite and at least 0."""
+def finite_non_negative(obj: Any, *names: str, most: float = FLOAT32_MAX) -> None:
+    """Each named float field is finite, at least 0 and at most `most`."""
     for name in names:
         value = getattr(obj, name)
         if not (math.isfinite(value) and value >= 0):
             fail(f"{name} must be a finite number >= 0 (got {value})")
+        if value > most:
+            fail(f"{name} must be at most {most:g} (got {value:g})")
 
 
 def short_path_parts(obj: Any, *names: str) -> None:

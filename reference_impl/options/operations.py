@@ -3,11 +3,19 @@ checkpointed, and failed on purpose."""
 
 from __future__ import annotations
 
-import math
+import threading
 from dataclasses import dataclass
 from typing import Literal
 
-from reference_impl.options.base import Options, at_least, check_choices, fail, positive_finite, short_path_parts
+from reference_impl.options.base import (
+    Options,
+    at_least,
+    check_choices,
+    fail,
+    finite_non_negative,
+    positive_finite,
+    short_path_parts,
+)
 
 RESUMABLE_PARTS = ("rng", "data", "scheduler", "scaler")
 SAVE_FAULTS = ("crash-mid-write", "crash-before-publish", "write-error")
@@ -42,7 +50,7 @@ class RuntimeOptions(Options):
         """A known device, a usable collective timeout and log interval, a valid path."""
         check_choices(self, RuntimeOptions)
         at_least(self, 1, "log_every")
-        positive_finite(self, "pg_timeout_s")
+        positive_finite(self, "pg_timeout_s", most=threading.TIMEOUT_MAX)
         short_path_parts(self, "sample_log")
 
 
@@ -100,6 +108,5 @@ class FaultOptions(Options):
         """A known fault, a rank index, and usable timeouts."""
         check_choices(self, FaultOptions)
         at_least(self, 0, "fail_rank")
-        positive_finite(self, "preempt_grace_s")
-        if self.step_timeout_s < 0 or not math.isfinite(self.step_timeout_s):
-            fail(f"step_timeout_s must be a finite number >= 0 (got {self.step_timeout_s})")
+        positive_finite(self, "preempt_grace_s", most=threading.TIMEOUT_MAX)
+        finite_non_negative(self, "step_timeout_s", most=threading.TIMEOUT_MAX)
