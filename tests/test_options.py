@@ -31,6 +31,8 @@ OWN_ERRORS: list[tuple[type, dict[str, Any], str]] = [
     (OptimizerOptions, {"lr": math.nan}, "lr must be a positive finite number"),
     (RuntimeOptions, {"log_every": 0}, "log_every must be >= 1"),
     (CheckpointOptions, {"checkpoint_every": 10}, "checkpoint_every needs checkpoint_dir"),
+    (CheckpointOptions, {"checkpoint_dir": ""}, "checkpoint_dir is empty; leave the flag out to run without one"),
+    (RuntimeOptions, {"sample_log": ""}, "sample_log is empty; leave the flag out to run without one"),
     (FaultOptions, {"preempt_grace_s": -1.0}, "preempt_grace_s must be a positive finite number"),
     # Finite but past what the first use can hold: float32 math, a thread's wait.
     (OptimizerOptions, {"lr": 1e300}, "lr must be at most 3.40282e+38 (got 1e+300)"),

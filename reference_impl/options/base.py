@@ -84,9 +84,13 @@ def finite_non_negative(obj: Any, *names: str, most: float = FLOAT32_MAX) -> Non
 
 
 def short_path_parts(obj: Any, *names: str) -> None:
-    """No component of the named path fields is longer than the file system allows."""
+    """Each named path field is unset or a non-empty path no component of which is longer
+    than the file system allows (an empty one, from an unset shell variable, would quietly
+    turn the feature off)."""
     for name in names:
         path = getattr(obj, name)
+        if path == "":
+            fail(f"{name} is empty; leave the flag out to run without one")
         if path and any(len(os.fsencode(part)) > NAME_MAX for part in path.split(os.sep)):  # undecodable bytes too
             fail(f"{name} has a path component longer than {NAME_MAX} bytes")
 
