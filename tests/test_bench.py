@@ -121,6 +121,19 @@ def test_a_benchmark_refuses_to_touch_a_real_runs_files_or_kill_itself(
     assert [p.name for p in ckpt.iterdir()] == ["step-00000002"]
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["pipeline", "--microbatches", "1"], "every --microbatches value must be at least the number of stages (2)"),
+    (["async", "--strategy", "ddp"], "async checkpoints are FSDP-only (--strategy fsdp)"),
+])
+def test_a_benchmarks_own_refusal_comes_from_the_launcher_before_torchrun(
+        argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Checked on the ranks only, it ended in torchrun's ChildFailedError traceback and exit 1."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail("torchrun was started"))
+    assert bench_main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"reference_impl.bench {argv[0]}: error: {message}"]
+
+
 def test_more_processes_than_gpus_is_refused_before_torchrun_starts(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`bench gpu --nproc 2` on a one-GPU node: one line from the launcher, not one per rank."""

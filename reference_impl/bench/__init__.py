@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         environ = {"WORLD_SIZE": str(args.nproc)} if launch else None
         cfg = TrainConfig.from_cli([*bench.train_defaults, *train_flags], environ)
         check_scratch_only(cfg)
+        bench.check(args, cfg)
         preflight(cfg, args.nproc if launch else None)  # e.g. --device cuda without a GPU, or too few
         if launch:
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

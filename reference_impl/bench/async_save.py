@@ -116,13 +116,18 @@ def stall_summary(stall: dict[str, list[float]]) -> dict[str, float]:
             "staged_floor_ratio": round(medians["staged"] / medians["floor"], 4)}
 
 
+def _check_async(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    if cfg.strategy != "fsdp":
+        raise ConfigError("async checkpoints are FSDP-only (--strategy fsdp)")
+
+
 @benchmark("async", "how long an async FSDP checkpoint blocks training against a sync save "
                     "(torchrun, CPU/gloo by default)",
            train_defaults=("--model", "transformer", "--strategy", "fsdp", "--d-model", "512",
                            "--n-layers", "8", "--n-heads", "8", "--hidden-dim", "2048",
                            "--micro-batch-size", "4", "--dataset-size", "64", "--max-steps", "1",
                            "--warmup-steps", "0", "--device", "cpu"),
-           add_arguments=add_rounds_argument, nproc=2)
+           add_arguments=add_rounds_argument, nproc=2, check=_check_async)
 
 
 def async_checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
@@ -135,8 +140,6 @@ def async_checkpoint(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, An
         args: `--rounds` (and `--nproc`, used by the launcher).
         cfg: The FSDP run whose state is saved, after `max_steps` steps of training.
     """
-    if cfg.strategy != "fsdp":
-        raise ConfigError("async checkpoints are FSDP-only (--strategy fsdp)")
     with distributed(cfg.device, cfg.pg_timeout_s) as ctx:
         state = trained_state(cfg, ctx)
         params = sum(p.numel() for p in state.model.parameters())  # DTensors: global sizes

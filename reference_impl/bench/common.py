@@ -45,6 +45,8 @@ class Benchmark:
         add_arguments: Adds the benchmark's own options to its subparser.
         nproc: Default number of torchrun processes (the `--nproc` option); 0 runs in
             the calling process without torchrun.
+        check: Raises `ConfigError` for options the benchmark cannot run with; called
+            before a launch under torchrun, so a bad option is one line from the launcher.
     """
 
     run: BenchFn
@@ -52,6 +54,7 @@ class Benchmark:
     train_defaults: tuple[str, ...]
     add_arguments: Callable[[argparse.ArgumentParser], None]
     nproc: int = 0
+    check: Callable[[argparse.Namespace, TrainConfig], None] = lambda args, cfg: None
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -59,7 +62,9 @@ BENCHMARKS: dict[str, Benchmark] = {}
 
 def benchmark(name: str, help: str, train_defaults: Sequence[str] = (),
               add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
-              nproc: int = 0) -> Callable[[BenchFn], BenchFn]:
+              nproc: int = 0,
+              check: Callable[[argparse.Namespace, TrainConfig], None] = lambda args, cfg: None,
+              ) -> Callable[[BenchFn], BenchFn]:
     """Register the decorated function as the subcommand `name`.
 
     Args:
@@ -70,9 +75,10 @@ def benchmark(name: str, help: str, train_defaults: Sequence[str] = (),
         add_arguments: Adds options specific to this benchmark.
         nproc: When positive, the function runs once per rank under torchrun, started
             with this many processes unless `--nproc` says otherwise.
+        check: Refuses options the benchmark cannot run with (`ConfigError`), before any launch.
     """
     def register(fn: BenchFn) -> BenchFn:
-        BENCHMARKS[name] = Benchmark(fn, help, tuple(train_defaults), add_arguments, nproc)
+        BENCHMARKS[name] = Benchmark(fn, help, tuple(train_defaults), add_arguments, nproc, check)
         return fn
     return register
 

@@ -130,6 +130,12 @@ def graph_breaks() -> int:
     return sum(counters["graph_break"].values())
 
 
+def _check_gpu(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    if cfg.device != "cuda" or cfg.max_steps < 2 * cfg.log_every:
+        raise ConfigError("gpu needs --device cuda and --max-steps of at least 2 x --log-every "
+                          "(the first log window is warm-up)")
+
+
 @benchmark("gpu", "DDP and FSDP2 in bf16 on CUDA: tokens/s, MFU, peak memory, phases, "
                   "async-versus-sync checkpoint stall (needs a GPU)",
            train_defaults=("--model", "transformer", "--precision", "bf16", "--device", "cuda",
@@ -137,7 +143,7 @@ def graph_breaks() -> int:
                            "--seq-len", "1024", "--vocab-size", "32768", "--micro-batch-size", "8",
                            "--dataset-size", "4096", "--max-steps", "100", "--warmup-steps", "10",
                            "--lr", "1e-3", "--log-every", "10"),
-           add_arguments=_add_gpu_arguments, nproc=1)
+           add_arguments=_add_gpu_arguments, nproc=1, check=_check_gpu)
 
 
 def gpu(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
@@ -156,9 +162,6 @@ def gpu(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
     Raises:
         BenchmarkError: The loss was not finite under some strategy (after the report).
     """
-    if cfg.device != "cuda" or cfg.max_steps < 2 * cfg.log_every:
-        raise ConfigError("gpu needs --device cuda and --max-steps of at least 2 x --log-every "
-                          "(the first log window is warm-up)")
     with distributed(cfg.device, cfg.pg_timeout_s) as ctx:
         device_name = torch.cuda.get_device_name(ctx.device)
         peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_bf16_flops(device_name)

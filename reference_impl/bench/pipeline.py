@@ -17,8 +17,14 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=positive_int, default=2, help="timed steps per case (the fastest counts)")
 
 
+def _check_pipeline(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    if min(args.microbatches) < args.nproc:
+        raise ConfigError(f"every --microbatches value must be at least the number of stages ({args.nproc})")
+
+
 @benchmark("pipeline", "pipeline bubble: each stage's measured idle share vs (P-1)/(M+P-1), GPipe and 1F1B",
-           train_defaults=("--device", "cpu"), add_arguments=_add_pipeline_arguments, nproc=2)
+           train_defaults=("--device", "cpu"), add_arguments=_add_pipeline_arguments, nproc=2,
+           check=_check_pipeline)
 
 
 def pipeline_bubble(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
@@ -31,8 +37,6 @@ def pipeline_bubble(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any
         args: `--microbatches`, `--rounds` (and `--nproc`: the number of stages).
         cfg: Only the process-group timeout is used.
     """
-    if min(args.microbatches) < args.nproc:
-        raise ConfigError(f"every --microbatches value must be at least the number of stages ({args.nproc})")
     with distributed("cpu", cfg.pg_timeout_s) as ctx:
         cases = [measure_bubble(kind, m, rounds=args.rounds) for kind in SCHEDULES for m in args.microbatches]
         if not ctx.is_main:
