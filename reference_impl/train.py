@@ -369,8 +369,9 @@ QUIET_RANK_WAIT_S = 10.0  # how long a rank that prints nothing outlives a bad c
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, train inside a process group, print `run_complete`.
 
-    Returns 2 on bad input (printed once, by local rank 0) and `PREEMPTED_EXIT` after
-    SIGTERM stopped the run with a checkpoint.
+    Returns 2 on bad input, 1 when a non-finite loss halted the run (each printed once
+    per node, by local rank 0), and `PREEMPTED_EXIT` after SIGTERM stopped the run with a
+    checkpoint.
     """
     die_with_parent()
     with ExitStack() as stack:
@@ -379,11 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, IncompatibleCheckpoint) as exc:
             # The second is found at the restore when the newest checkpoint is unusable and
             # the one before it was saved by another config: the same refusal, on every rank.
-            return bad_input(exc)
+            return one_line(exc, 2)
+        except NonFiniteLoss as exc:  # every rank halts on the same step; the event log has the details
+            return one_line(exc, 1)
 
 
-def bad_input(error: Exception) -> int:
-    """Print `error` as one line, once per node (by local rank 0), and return exit status 2."""
+def one_line(error: Exception, status: int) -> int:
+    """Print `error` as one line, once per node (by local rank 0), and return `status`."""
     local_rank = os.environ.get("LOCAL_RANK", "0")
     # Under torchrun, one line per node. A LOCAL_RANK that is no number may be the error.
     if local_rank == "0" or not local_rank.isdigit():
@@ -392,7 +395,7 @@ def bad_input(error: Exception) -> int:
         # torchrun stops every worker once one exits: leaving first could get local
         # rank 0 killed before it printed the error. Its exit ends this wait early.
         time.sleep(QUIET_RANK_WAIT_S)
-    return 2
+    return status
 
 
 def run(cfg: TrainConfig) -> int:

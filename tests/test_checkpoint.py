@@ -242,9 +242,10 @@ def test_a_real_file_size_limit_fails_the_save_and_keeps_earlier_checkpoints(tmp
 def test_a_non_finite_loss_halts_before_it_is_checkpointed(log_every: str, tmp_path: Path) -> None:
     run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0",
                 "--log-every", log_every)
-    assert run.returncode != 0
+    assert run.returncode == 1
     error = run.of("error")[0]
     assert error["error"] == "NonFiniteLoss"
+    assert run.stderr.strip().splitlines() == [f"reference_impl.train: error: {error['message']}"], "no traceback"
     assert ("at or before step 10" in error["message"]) == (log_every == "1000"), error["message"]
     assert published(tmp_path) == [], "no checkpoint holds the poisoned weights"
 
