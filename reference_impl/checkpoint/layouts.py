@@ -223,8 +223,11 @@ class AsyncSaver:
     (pinned buffers, a side stream) for state on a GPU. Before torch 2.13, `async_save`
     closes the stager it is given when the save completes (seen with torch 2.11: the next
     save failed with `KeyError: <class 'type'>`), so there each GPU save gets a
-    `DefaultStager` of its own. The rest of the save (`then`: the small files, the ranks'
-    agreement, rank 0's publish) runs on the writing thread as soon as the write completes.
+    `DefaultStager` of its own. Under a process group the ranks agree that every copy
+    succeeded before DCP's collectives start (`AgreedStager`), so a copy that fails on one
+    rank fails the save on all of them at once. The rest of the save (`then`: the small
+    files, the ranks' agreement, rank 0's publish) runs on the writing thread as soon as
+    the write completes. `close` releases the stager and the optimizer's hook after a run.
     """
 
     def __init__(self, timeout_s: float = 120.0) -> None:
