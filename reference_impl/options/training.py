@@ -35,6 +35,9 @@ class RunOptions(Options):
         """Positive counts, and a seed the sampler can still offset by every epoch."""
         at_least(self, 1, "max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size")
         at_least(self, 0, "num_workers", "seed")
+        if self.max_steps > TORCH_SEED_MAX:  # or no seed at all would fit below
+            fail(f"max_steps must be at most 2**64 - 1 (got {self.max_steps}): the sampler seeds torch "
+                 f"with seed x {SEED_STRIDE} + epoch")
         max_seed = (TORCH_SEED_MAX - self.max_steps) // SEED_STRIDE  # an epoch takes >= 1 step
         if self.seed > max_seed:
             fail(f"seed must be in [0, {max_seed}] (got {self.seed}): the sampler seeds torch with "
