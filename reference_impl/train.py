@@ -325,11 +325,14 @@ def check_directory(path: Path, name: str) -> None:
     """`path` is a directory or can become one: its nearest existing ancestor is a directory.
 
     Raises:
-        ConfigError: `path`, or a component of it, is a file.
+        ConfigError: `path`, or a component of it, is a file, a FIFO or a link that leads
+            nowhere (dangling, or a loop).
     """
     existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())
     if not existing.is_dir():
-        raise ConfigError(f"{name} {path} is not a directory ({existing} is a file)")
+        what = ("a link that leads nowhere" if not existing.exists()
+                else "a FIFO" if existing.is_fifo() else "a file")
+        raise ConfigError(f"{name} {path} is not a directory ({existing} is {what})")
 
 
 def check_writable(path: Path, name: str) -> None:

@@ -296,6 +296,16 @@ def test_a_checkpoint_path_that_is_a_file_exits_2(tmp_path: Path) -> None:
         assert "is not a directory" in error_line(train(path, 2, timeout=30))
 
 
+def test_a_checkpoint_path_that_is_no_directory_is_named_for_what_it_is(tmp_path: Path) -> None:
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    os.mkfifo(tmp_path / "fifo")
+    for name, what in (("dangling", "a link that leads nowhere"), ("loop", "a link that leads nowhere"),
+                       ("fifo", "a FIFO")):
+        line = error_line(train(tmp_path / name, 2, timeout=30))
+        assert line.endswith(f"is not a directory ({tmp_path / name} is {what})"), line
+
+
 @pytest.mark.parametrize("flags,env,expected,unexpected", [
     (["--model", "transformer"], {}, "cannot change on resume", "--allow-config-change"),
     (["--hidden-dim", "64"], {}, "cannot change on resume", "--allow-config-change"),
