@@ -134,6 +134,17 @@ def test_a_benchmarks_own_refusal_comes_from_the_launcher_before_torchrun(
     assert capsys.readouterr().err.strip().splitlines() == [f"reference_impl.bench {argv[0]}: error: {message}"]
 
 
+def test_overhead_refuses_a_tiny_model_run_it_cannot_build_before_measuring(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--tiny-steps 2` with 5 warm-up steps is refused at once, not after the main measurement."""
+    from reference_impl.bench import overhead
+
+    monkeypatch.setattr(overhead, "_compare", lambda *a: pytest.fail("measured before refusing"))
+    assert bench_main(["overhead", "--warmup-steps", "5", "--max-steps", "5", "--tiny-steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "reference_impl.bench overhead: error: warmup_steps (5) must not exceed max_steps (2)")
+
+
 def test_more_processes_than_gpus_is_refused_before_torchrun_starts(monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     """`bench gpu --nproc 2` on a one-GPU node: one line from the launcher, not one per rank."""
