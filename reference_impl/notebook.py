@@ -55,6 +55,8 @@ class Config:
             raise ValueError("seed must be in [0, 2**31); checkpoint_every, warmup_steps >= 0")
         if not (self.lr > 0 and math.isfinite(self.lr) and self.pg_timeout_s > 0):
             raise ValueError("lr and pg_timeout_s must be positive and finite")
+        if not (0 <= self.min_lr_ratio <= 1 and 0 <= self.grad_clip < math.inf):  # NaN fails both
+            raise ValueError("min_lr_ratio must be in [0, 1] and grad_clip a finite number >= 0")
         if self.dataset_size < self.global_batch_size:
             raise ValueError(f"dataset_size {self.dataset_size} is smaller than one global batch")
 

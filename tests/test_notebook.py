@@ -291,7 +291,8 @@ def test_a_checkpoint_of_another_config_is_refused(twenty_steps: tuple[Path, str
         "nothing was deleted"
 
 
-@pytest.mark.parametrize("flag", [["--max-steps", "0"], ["--precision", "fp8"], ["--global-batch-size", "40"]])
+@pytest.mark.parametrize("flag", [["--max-steps", "0"], ["--precision", "fp8"], ["--global-batch-size", "40"],
+                                  ["--min-lr-ratio", "nan"], ["--grad-clip", "-1"]])
 def test_a_bad_flag_is_one_line_and_exit_status_2(flag: list[str], tmp_path: Path) -> None:
     run = notebook(flag, tmp_path)
     assert run.returncode == 2
