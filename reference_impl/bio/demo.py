@@ -162,6 +162,22 @@ def _report(result: AurocResult, split: SplitIndices) -> dict[str, object]:
     }
 
 
+def _count(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least `low` (argparse reports a ValueError itself)."""
+    def whole_number(text: str) -> int:
+        if int(text) < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}")
+        return int(text)
+    return whole_number
+
+
+def _rate(text: str) -> float:
+    """An argparse type: a share in [0, 1); NaN is refused too."""
+    if not 0 <= float(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return float(text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; print one JSON line from rank 0.
 
@@ -171,12 +187,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         Process exit status.
     """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--missing-rate", type=float, default=0.3)
+    parser = argparse.ArgumentParser(prog="python -m reference_impl.bio.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=_count(1), default=8)
+    parser.add_argument("--seed", type=_count(0), default=0)
+    parser.add_argument("--missing-rate", type=_rate, default=0.3, help="share of labels hidden, in [0, 1)")
     args = parser.parse_args(argv)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if not (world_size.isascii() and world_size.isdigit() and int(world_size) >= 1):
+        parser.error(f"WORLD_SIZE={world_size!r} in the environment is not a whole number of at least 1")
+    world = int(world_size)
     if world > 1:
         torch.set_num_threads(1)  # one core per rank on a small CPU machine
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))

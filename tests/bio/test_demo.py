@@ -50,3 +50,20 @@ def test_demo_single_process():
     on both splits; one epoch shows it (the split comparison is the two-rank test's)."""
     report = run([sys.executable, "-m", "reference_impl.bio.demo", "--epochs", "1"], timeout=180)
     check_report(report, 1)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--missing-rate", "2"], "argument --missing-rate: must be in [0, 1), got 2"),
+    (["--missing-rate", "nan"], "argument --missing-rate: must be in [0, 1), got nan"),
+    (["--epochs", "-1"], "argument --epochs: must be at least 1, got -1"),
+    (["--seed", "x"], "argument --seed: invalid whole_number value: 'x'"),
+])
+def test_a_bad_flag_is_refused_with_exit_status_2(argv: list[str], message: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`--missing-rate 2` was a traceback, NaN printed invalid JSON, and `--epochs -1` exited 0."""
+    from reference_impl.bio.demo import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m reference_impl.bio.demo: error: {message}"
