@@ -314,11 +314,11 @@ def preflight(cfg: TrainConfig, ranks_per_node: int | None = None) -> None:
             check_compatible(manifest, cfg)
         except IncompatibleCheckpoint as exc:
             raise ConfigError(str(exc)) from None
-    try:
-        if launched:
+    if launched:  # last: a config or checkpoint at fault says more than a missing address
+        try:
             rendezvous_address()
-    except RuntimeError as exc:
-        raise ConfigError(str(exc)) from None
+        except RuntimeError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_directory(path: Path, name: str) -> None:

@@ -53,8 +53,12 @@ class Benchmark:
     help: str
     train_defaults: tuple[str, ...]
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    nproc: int = 0
-    check: Callable[[argparse.Namespace, TrainConfig], None] = lambda args, cfg: None
+    nproc: int
+    check: Callable[[argparse.Namespace, TrainConfig], None]
+
+
+def _accept_all(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """A benchmark's `check` when it has no options of its own to refuse."""
 
 
 BENCHMARKS: dict[str, Benchmark] = {}
@@ -63,7 +67,7 @@ BENCHMARKS: dict[str, Benchmark] = {}
 def benchmark(name: str, help: str, train_defaults: Sequence[str] = (),
               add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
               nproc: int = 0,
-              check: Callable[[argparse.Namespace, TrainConfig], None] = lambda args, cfg: None,
+              check: Callable[[argparse.Namespace, TrainConfig], None] = _accept_all,
               ) -> Callable[[BenchFn], BenchFn]:
     """Register the decorated function as the subcommand `name`.
 
