@@ -65,7 +65,7 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
            tp_degree: int = 1, pp_degree: int = 1, cp_degree: int = 1, sequence_parallel: bool = False,
            compute_bytes: float = 2, transients: bool = False, selective_recompute: bool = False,
            offload_optimizer: bool = False, grad_accum_steps: int = 1,
-           fsdp_grad_sync: str = "last") -> dict[str, float]:
+           fsdp_grad_sync: str = "last", compiled_loss: bool = False) -> dict[str, float]:
     """Memory per GPU for training with Adam: model state, sharded or not, plus activations.
 
     Model state is `params x (param_bytes + grad_bytes + master_bytes + optimizer_bytes)`,
@@ -132,7 +132,10 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     - the loss: every layer's activations, the unsharded root (embedding and output
       projection, `2 x vocab_size x hidden`, kept gathered through the step), the fp32
       log-softmax of the logits stored, and two fp32 logits-sized gradients (three under
-      tensor parallel's `loss_parallel`, which keeps its sharded logits);
+      tensor parallel's `loss_parallel`, which keeps its sharded logits); a compiled loss
+      (`compiled_loss`, the trainer's `--compile`; not applied to `loss_parallel`) fuses the upcast,
+      log-softmax and their backward, so it keeps the logits at `compute_bytes` and writes
+      their gradient at `compute_bytes`, 2c bytes per logit where eager holds 12;
     - the final norm's backward: the output projection's bf16 gradient and six fp32
       hidden-sized tensors (whole on every tensor-parallel rank without sequence parallel);
     - (`zero3`/`fsdp`) inside the SwiGLU backward of a block: the root and that block
@@ -190,6 +193,9 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         grad_accum_steps: Micro-batches per optimizer step.
         fsdp_grad_sync: With accumulation and sharded gradients, reduce-scatter on the
             `"last"` micro-batch only (unsharded gradients held) or on `"every"` one.
+        compiled_loss: The cross-entropy is compiled (fused): it holds the logits and their
+            gradient at `compute_bytes` instead of fp32 copies (with `transients`; not
+            applied above `tp_degree` 1, where the peak certified is `loss_parallel`'s, eager).
 
     Returns:
         Bytes per GPU: `params_bytes`, `grads_bytes`, `master_bytes`, `optimizer_bytes`,
@@ -232,6 +238,7 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     peak = _flag("transients", transients)
     selective = _flag("selective_recompute", selective_recompute)
     offload = _flag("offload_optimizer", offload_optimizer)
+    compiled = _flag("compiled_loss", compiled_loss)
     accum = _count("grad_accum_steps", grad_accum_steps)
     if fsdp_grad_sync not in GRAD_SYNCS:
         raise ValueError(f"fsdp_grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {fsdp_grad_sync!r}")
@@ -299,12 +306,14 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     # The embedding's output and the final norm's saved tensors; the output projection's input
     # whole (sequence parallel gathers it).
     around_root = 4 * layer_input + c * tokens * h if vocab else 0
-    # Loss parallel (tensor parallel) adds a third fp32 logits-sized temporary: exp(log-softmax).
-    loss_temporaries = (3 if t > 1 else 2) * 4 * logits
+    # Eager: the fp32 log-softmax kept, two fp32 logits-sized gradients; loss parallel (tensor
+    # parallel) a third, exp(log-softmax). Compiled: the logits kept and their gradient.
+    fused = compiled and t == 1
+    kept_logits, loss_temporaries = (c * logits, c * logits) if fused else (4 * logits, (3 if t > 1 else 2) * 4 * logits)
     loss = {"sharded_grads_bytes": 0.0 if gathered and held is None else state["grads_bytes"],
             "unsharded_params_bytes": c * root_params if gathered else 0.0,
             "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
-            "activation_bytes": stored + around_root + 4 * logits, "temporary_bytes": loss_temporaries}
+            "activation_bytes": stored + around_root + kept_logits, "temporary_bytes": loss_temporaries}
     moments = [loss]
     if vocab:
         # The final norm's backward: the loss is freed, the output projection's gradient kept;

@@ -33,9 +33,16 @@ from reference_impl.model import spec_of
 # --8<-- [start:data_parallel]
 def ddp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     """Replicate the model: DDP broadcasts rank 0's weights at construction, then
-    all-reduces gradients in buckets that overlap with the rest of the backward pass."""
+    all-reduces gradients in buckets that overlap with the rest of the backward pass.
+
+    The gradients are views into the buckets (`gradient_as_bucket_view`): otherwise DDP
+    keeps a second copy of every gradient and spends two kernels per parameter and step
+    moving them into the buckets and back, launches that cost more host time than the
+    GPU spends on them at small batches (profiled on an H200, see `scripts/gpu_profile.py`).
+    """
     on_cuda = mesh.device_type == "cuda"
-    return DDP(model, process_group=mesh.get_group(), device_ids=[torch.cuda.current_device()] if on_cuda else None)
+    return DDP(model, process_group=mesh.get_group(), device_ids=[torch.cuda.current_device()] if on_cuda else None,
+               gradient_as_bucket_view=True)
 
 
 def own_tensor(module: nn.Module, args: object, output: object) -> object:

@@ -237,6 +237,24 @@ def _saved_activation_bytes(n_layers: int, seq_len: int, batch: int, d_model: in
     return saved[0]
 
 
+def test_a_compiled_loss_holds_the_logits_and_their_gradient_at_compute_bytes() -> None:
+    """GPT-2 small at 96 sequences (the GPU check's MFU run): eager keeps the fp32
+    log-softmax and two fp32 gradients (12 bytes per logit), the compiled loss the bf16
+    logits and their bf16 gradient (4); the loss moment stays the peak, 36.8 GiB lower.
+    Tensor parallel's `loss_parallel` is eager either way."""
+    shape = dict(params=124e6, world_size=1, strategy="ddp", seq_len=1024, micro_batch=96, hidden=768,
+                 n_heads=12, n_layers=12, vocab_size=50_304, param_bytes=4, grad_bytes=4, master_bytes=0,
+                 optimizer_bytes=8, compute_bytes=2, transients=True)
+    logits = 96 * 1024 * 50_304
+    eager, compiled = calc.memory(**shape), calc.memory(**shape, compiled_loss=True)
+    assert eager["total_bytes"] - compiled["total_bytes"] == (12 - 4) * logits
+    assert compiled["temporary_bytes"] == 2 * logits
+    tp = {**shape, "n_heads": 12, "tp_degree": 2}
+    assert calc.memory(**tp, compiled_loss=True) == calc.memory(**tp)
+    steady = {**shape, "transients": False}
+    assert calc.memory(**steady, compiled_loss=True) == calc.memory(**steady)
+
+
 def test_activation_checkpointing_keeps_each_layers_16_bit_input_in_real_tensors() -> None:
     """Each extra checkpointed block costs exactly its bf16 input: the calculator's 2·s·b·h."""
     s, b, h = 16, 3, 32

@@ -86,7 +86,7 @@
         master_bytes: 4, optimizer_bytes: 8, ffn_hidden: null, gated_mlp: false, n_kv_heads: null,
         vocab_size: 0, tp_degree: 1, pp_degree: 1, cp_degree: 1, sequence_parallel: false,
         compute_bytes: 2, transients: false, selective_recompute: false, offload_optimizer: false,
-        grad_accum_steps: 1, fsdp_grad_sync: "last"});
+        grad_accum_steps: 1, fsdp_grad_sync: "last", compiled_loss: false});
     var p = positive("params", x.params);
     var n = count("world_size", x.world_size);
     if (STRATEGIES.indexOf(x.strategy) < 0) {
@@ -114,6 +114,7 @@
     var peak = flag("transients", x.transients);
     var selective = flag("selective_recompute", x.selective_recompute);
     var offload = flag("offload_optimizer", x.offload_optimizer);
+    var compiledLoss = flag("compiled_loss", x.compiled_loss);
     var accum = count("grad_accum_steps", x.grad_accum_steps);
     if (GRAD_SYNCS.indexOf(x.fsdp_grad_sync) < 0) {
       throw new Error("fsdp_grad_sync must be one of " + GRAD_SYNCS.join(", ") + ", got " + repr(x.fsdp_grad_sync));
@@ -193,11 +194,13 @@
     var rootParams = (pp === 1 ? 2 : 1) * vocab * h / t + (vocab ? h : 0);
     var logits = tokens * vocab / t;
     var aroundRoot = vocab ? 4 * layerInput + c * tokens * h : 0;
+    var fused = compiledLoss && t === 1;  // a compiled loss keeps the logits and their gradient, c bytes each
     var loss = {
       sharded_grads_bytes: gathered && held === null ? 0 : out.grads_bytes,
       unsharded_params_bytes: gathered ? c * rootParams : 0,
       all_gather_bytes: 0, reduce_scatter_bytes: 0,
-      activation_bytes: stored + aroundRoot + 4 * logits, temporary_bytes: (t > 1 ? 3 : 2) * 4 * logits
+      activation_bytes: stored + aroundRoot + (fused ? c : 4) * logits,
+      temporary_bytes: fused ? c * logits : (t > 1 ? 3 : 2) * 4 * logits
     };
     var moments = [loss];
     if (vocab) {  // the final norm's backward

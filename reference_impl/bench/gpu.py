@@ -65,15 +65,18 @@ def predicted_peak_gib(cfg: TrainConfig, params: int, world_size: int) -> dict[s
 
     The trainer keeps fp32 weights and gradients and two fp32 Adam moments (4 + 4 + 0 + 8
     bytes per parameter; bf16 only in compute), and its blocks are GPT blocks (LayerNorm,
-    a two-matrix GELU MLP), so `gated_mlp` is off; `calc.memory`'s transients follow the
-    Llama block FSDPMemTracker certified, so the peak is an estimate for this model.
+    a two-matrix GELU MLP), so `gated_mlp` is off; `--compile` compiles the loss as well
+    (`compiled_loss`: the logits and their gradient in bf16, no fp32 copies). `calc.memory`'s
+    transients follow the Llama block FSDPMemTracker certified, so the peak is an estimate
+    for this model.
     """
     answers = {name: calc.memory(
         params=params, world_size=world_size, strategy=cfg.strategy, seq_len=cfg.seq_len,
         micro_batch=cfg.micro_batch_size, hidden=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
         ffn_hidden=cfg.hidden_dim, vocab_size=cfg.vocab_size, param_bytes=4, grad_bytes=4, master_bytes=0,
         optimizer_bytes=8, compute_bytes=2 if cfg.precision == "bf16" else 4,
-        activation_checkpointing=cfg.activation_checkpointing, transients=transients)["total_bytes"]
+        activation_checkpointing=cfg.activation_checkpointing, compiled_loss=cfg.compile,
+        transients=transients)["total_bytes"]
         for name, transients in (("steady", False), ("peak", True))}
     return {name: round(value / 2 ** 30, 3) for name, value in answers.items()}
 

@@ -59,7 +59,8 @@ def _memory(rng: random.Random) -> dict:
         master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]),
         ffn_hidden=rng.randint(1, 65_536), gated_mlp=rng.random() < 0.5, n_kv_heads=kv_heads * tp,
         vocab_size=rng.choice([0, 32_000, 128_256]), tp_degree=tp, pp_degree=pp, cp_degree=rng.choice([1, 2, 4]),
-        sequence_parallel=rng.random() < 0.5, compute_bytes=rng.choice([1, 2, 4]), transients=rng.random() < 0.5)
+        sequence_parallel=rng.random() < 0.5, compute_bytes=rng.choice([1, 2, 4]), transients=rng.random() < 0.5,
+        compiled_loss=rng.random() < 0.5)
 
 
 def _ring_allreduce(rng: random.Random) -> dict:
