@@ -309,7 +309,8 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
     # Eager: the fp32 log-softmax kept, two fp32 logits-sized gradients; loss parallel (tensor
     # parallel) a third, exp(log-softmax). Compiled: the logits kept and their gradient.
     fused = compiled and t == 1
-    kept_logits, loss_temporaries = (c * logits, c * logits) if fused else (4 * logits, (3 if t > 1 else 2) * 4 * logits)
+    kept_logits = c * logits if fused else 4 * logits
+    loss_temporaries = c * logits if fused else (3 if t > 1 else 2) * 4 * logits
     loss = {"sharded_grads_bytes": 0.0 if gathered and held is None else state["grads_bytes"],
             "unsharded_params_bytes": c * root_params if gathered else 0.0,
             "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,

@@ -229,6 +229,7 @@ class AsyncSaver:
     def start(self, state: dict[str, Any], path: Path) -> None:
         """Begin copying `state` and writing it to `path` with DCP; returns at once."""
         import torch.distributed.checkpoint as dcp
+
         from reference_impl.checkpoint.staging import AgreedStager, HostStager
 
         self._stager = self._stager or HostStager()  # one for the run: its buffers serve every save
