@@ -104,6 +104,13 @@ class CountsInIterSampler(nb.ResumableSampler):
             yield index
 
 
+class LiveStateSampler(nb.ResumableSampler):
+    """Wrong: `state_dict` returns the sampler's own attributes, which later steps change."""
+
+    def state_dict(self) -> dict:
+        return vars(self)
+
+
 class CarriesOffsetSampler(nb.ResumableSampler):
     """Wrong: the offset of the last epoch carried into the next one."""
 
@@ -111,8 +118,10 @@ class CarriesOffsetSampler(nb.ResumableSampler):
         self.epoch = epoch
 
 
-def make_step(no_sync: bool = True, divide: bool = True, as_tensor: bool = True) -> Callable[..., Any]:
-    """Drill 4: the model solution, or with one of its parts left out."""
+def make_step(no_sync: bool = True, divide: bool = True, as_tensor: bool = True,
+              last_loss: bool = False) -> Callable[..., Any]:
+    """Drill 4: the model solution, or with one of its parts left out (`last_loss`: returns the
+    last micro-batch's loss, undivided, for the mean)."""
 
     def step(model: nn.Module, micro_batches: list, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler) -> torch.Tensor | float:
@@ -129,6 +138,8 @@ def make_step(no_sync: bool = True, divide: bool = True, as_tensor: bool = True)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if last_loss:
+            total = loss.detach() * len(micro_batches) if divide else loss.detach()
         return total if as_tensor else total.item()
 
     return step

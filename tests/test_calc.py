@@ -189,6 +189,21 @@ def test_selective_recompute_drops_the_attention_scores_and_nothing_else() -> No
         assert fused["total_bytes"] < selective["total_bytes"] < unfused["total_bytes"]
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_divides_the_attention_scores_by_cp_squared(cp: int) -> None:
+    """A rank of a context-parallel group holds s/cp queries, each scored against one ring
+    step's s/cp keys at a time: 5·a·(s/cp)²·b bytes of scores per layer, 1/cp² of one rank's."""
+    s, b, a = 2048, 1, 32
+
+    def score_bytes(cp_degree: int) -> float:
+        common = {"params": 7e9, "world_size": 8, "strategy": "fsdp", "cp_degree": cp_degree, **SHAPE}
+        unfused = calc.memory(stores_attention_scores=True, **common)["activation_bytes_per_layer"]
+        return unfused - calc.memory(**common)["activation_bytes_per_layer"]
+
+    assert score_bytes(1) == 5 * a * s * s * b
+    assert score_bytes(cp) == 5 * a * (s // cp) * (s // cp) * b == score_bytes(1) / cp**2
+
+
 def test_offloading_the_optimizer_moves_master_and_moments_to_host_memory() -> None:
     for strategy, world in (("ddp", 1), ("zero1", 8), ("fsdp", 64)):
         for transients in (False, True):

@@ -38,7 +38,9 @@ def _loop(block: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]
     return out, n_experts * (share * probs.mean(dim=0)).sum(), dropped
 
 
-@pytest.mark.parametrize(("top_k", "capacity_factor"), [(1, 1.0), (1, 2.0), (2, 1.0), (2, 0.5), (2, 4.0)])
+# 0.9 and 0.55 give fractional capacities (7.2 and 8.8 slots): the block must round up as the loop does.
+@pytest.mark.parametrize(("top_k", "capacity_factor"),
+                         [(1, 1.0), (1, 2.0), (2, 1.0), (2, 0.5), (2, 4.0), (1, 0.9), (2, 0.55)])
 def test_the_block_computes_what_the_token_loop_computes(top_k: int, capacity_factor: float) -> None:
     torch.manual_seed(0)
     block = MoE(8, 16, 4, top_k, capacity_factor).double()
@@ -61,6 +63,15 @@ def test_a_token_dropped_by_every_expert_passes_through_unchanged() -> None:
     assert expert_capacity(32, 4, 1, 0.25) == 2
     unchanged = (out == x).all(dim=1)
     assert dropped == int(unchanged.sum()) == 24
+
+
+def test_a_fractional_capacity_rounds_up_to_whole_slots() -> None:
+    """Capacities are whole slots, rounded up: truncating 7.2 to 7 would drop a token the
+    formula has room for."""
+    assert expert_capacity(32, 4, 1, 0.9) == 8  # 7.2
+    assert expert_capacity(30, 4, 1, 1.0) == 8  # 7.5
+    assert expert_capacity(10, 4, 2, 1.25) == 7  # 6.25
+    assert expert_capacity(32, 4, 1, 1.0) == 8  # whole: unchanged
 
 
 def test_the_aux_loss_is_one_when_balanced_and_n_experts_when_collapsed() -> None:

@@ -68,6 +68,21 @@ def test_dynamic_scale_follows_the_magnitude() -> None:
         assert rel_err(fixed.float() * inv, xs) > 0.5
 
 
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_the_scale_maps_the_largest_magnitude_onto_the_formats_largest_value(dtype: torch.dtype) -> None:
+    """amax is the largest |value|, here a negative one: it lands exactly on -fmax, nothing
+    saturates, and the inverse scale is amax / fmax. (A scale from the largest signed value,
+    2, would clip -8 to -2.) Every value here is exact in both formats once scaled."""
+    fmax = torch.finfo(dtype).max
+    t = torch.tensor([-8.0, 0.5, 2.0, -1.0])
+    t8, inv = to_float8(t, dtype)
+    assert inv.item() == pytest.approx(8.0 / fmax, rel=1e-6)
+    assert t8.float().tolist()[0] == -fmax and t8.float().abs().max().item() == fmax
+    torch.testing.assert_close(t8.float() * inv, t, rtol=1e-6, atol=0)
+    zeros, zeros_inv = to_float8(torch.zeros(4), dtype)  # no amax: a finite scale, zeros out
+    assert torch.isfinite(zeros_inv) and zeros.float().abs().max().item() == 0
+
+
 def test_e5m2_keeps_gradients_that_span_many_orders_of_magnitude() -> None:
     """Rows of the upstream gradient from 1 down to 1e-7 (say, tokens with tiny loss):
     e5m2's range keeps every row of grad_input; e4m3's would flush the smallest to zero."""

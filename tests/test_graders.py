@@ -53,8 +53,10 @@ DRILL_3: dict[str, tuple[type, dict[str, str]]] = {  # answer: the checks it fai
     "set_epoch resets a restored position": (
         answers.SetEpochResetsSampler, {EXACTLY_ONCE: "36 samples trained twice, 0 never"}),  # steps 1-3 again
     "progress counted in __iter__": (
-        answers.CountsInIterSampler, {"state_dict returns a copy": "commit() changes no state",
+        answers.CountsInIterSampler, {"commit() moves the saved position": "commit() changes no state",
                                       EXACTLY_ONCE: "0 samples trained twice, 48 never"}),  # prefetched, skipped
+    "state_dict() hands out the live state": (
+        answers.LiveStateSampler, {"state_dict returns a copy": "state_dict() is a live view"}),
     "offset carried into the next epoch": (
         answers.CarriesOffsetSampler, {"a new epoch starts at its beginning": "yields 30 indices on rank 0, want 48"}),
 }
@@ -76,6 +78,8 @@ DRILL_4: dict[str, tuple[Callable[..., Any], dict[str, str]]] = {
                                           "returns the mean loss as a tensor": "is not the batch mean"}),
     "the loss returned as a float": (
         answers.make_step(as_tensor=False), {"returns the mean loss as a tensor": "returns a float"}),
+    "the last micro-batch's loss returned as the mean": (
+        answers.make_step(last_loss=True), {"returns the mean loss as a tensor": "is not the batch mean"}),
 }
 
 

@@ -4,6 +4,7 @@ ranks' agreement on SIGTERM is checked on a two-process gloo group, without torc
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import os
@@ -25,7 +26,8 @@ from launch import REPO, Run, alive, free_port, python_module, run_ranks
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
-from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, loader_worker_init
+from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, Preemption, loader_worker_init
+from reference_impl.metrics import EventLog
 from reference_impl.step import lr_multiplier
 
 pytestmark = pytest.mark.timeout(120)
@@ -203,6 +205,37 @@ def test_a_loader_worker_dies_with_its_rank_at_once() -> None:
         rank.kill()
         if worker_pid.value and alive(worker_pid.value):
             os.kill(worker_pid.value, signal.SIGKILL)
+
+
+GRACE_S = 0.3
+
+
+def _inherits_the_preemption_handler(stop: Preemption, ready: Event) -> None:
+    ready.set()
+    time.sleep(5 * GRACE_S)  # the grace period passes, several times over
+    os._exit(3 if stop.requested else 0)
+
+
+def test_a_forked_child_that_gets_sigterm_leaves_the_stop_and_the_grace_timer_to_its_rank() -> None:
+    """A DataLoader worker forked while the rank's SIGTERM handler is installed inherits it.
+    torchrun signals the whole process group, so the worker may get SIGTERM before the
+    DataLoader replaces the handler: the inherited handler must do nothing there. A grace
+    timer started in the child would end it with status 1 once the grace period passed."""
+    fork = multiprocessing.get_context("fork")  # as the DataLoader starts its workers; this process is the rank
+    ready = fork.Event()
+    with Preemption(GRACE_S, DistContext(), EventLog(0, io.StringIO())) as stop:
+        child = fork.Process(target=_inherits_the_preemption_handler, args=(stop, ready), daemon=True)
+        child.start()
+        try:
+            assert ready.wait(30)
+            os.kill(child.pid, signal.SIGTERM)  # as torchrun's killpg reaches a loader worker
+            child.join(30)
+            assert child.exitcode == 0, (
+                f"the child exited with {child.exitcode}: 1 is its own grace timer, 3 its own stop request")
+        finally:
+            child.kill()
+            child.join(10)
+        assert not stop.requested, "the rank got no signal"
 
 
 def test_a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_without_a_collective_per_step(

@@ -88,6 +88,31 @@ def code_in_metadata(step: Path, marker: Path) -> None:
     relist_all(step)
 
 
+def calls_torch(name: str, *args: object) -> bytes:
+    """A pickle that calls `torch.<name>(*args)` when unpickled, naming the function as an
+    attribute of `torch` (opcode GLOBAL "torch <name>") as a crafted file can; pickle itself
+    would name the defining module, such as torch.serialization for torch.save."""
+    return b"\x80\x02c" + f"torch\n{name}\n".encode() + pickle.dumps(args, protocol=2)[2:-1] + b"R."
+
+
+def torch_save_in_metadata(step: Path, marker: Path) -> None:
+    """`.metadata` that calls torch.save: a write of any file the trainer may write."""
+    (step / "dcp" / ".metadata").write_bytes(calls_torch("save", {"written": "by the checkpoint"}, str(marker)))
+    relist_all(step)
+
+
+def torch_seed_in_metadata(step: Path, marker: Path) -> None:
+    """`.metadata` that calls torch.manual_seed: every later random draw of the run changes."""
+    (step / "dcp" / ".metadata").write_bytes(calls_torch("manual_seed", 1234))
+    relist_all(step)
+
+
+def torch_default_dtype_in_metadata(step: Path, marker: Path) -> None:
+    """`.metadata` that calls torch.set_default_dtype, with an allowed dtype as its argument."""
+    (step / "dcp" / ".metadata").write_bytes(calls_torch("set_default_dtype", torch.float64))
+    relist_all(step)
+
+
 def code_in_a_plain_item(step: Path, marker: Path) -> None:
     """A learning rate, stored by DCP as torch.save bytes, replaced by an object that runs code."""
     full: dict = {}
@@ -154,6 +179,11 @@ def integer_key_path(step: Path, marker: Path) -> None:
 
 CASES: dict[str, tuple[Callable[[Path, Path], None], str]] = {
     "code_in_metadata": (code_in_metadata, ".metadata refused: UnpicklingError: posix.system is not"),
+    # Functions of torch itself: only its dtypes and torch.Size may be named.
+    "torch_save_in_metadata": (torch_save_in_metadata, ".metadata refused: UnpicklingError: torch.save is not"),
+    "torch_seed_in_metadata": (torch_seed_in_metadata, "UnpicklingError: torch.manual_seed is not"),
+    "torch_default_dtype_in_metadata": (torch_default_dtype_in_metadata,
+                                        "UnpicklingError: torch.set_default_dtype is not"),
     "code_in_a_plain_item": (code_in_a_plain_item, "refused by the weights-only loader"),
     "shard_outside_the_step": (shard_outside, "not a file of this directory"),
     "shard_unlisted_and_flipped": (shard_unlisted_and_flipped, "dcp/__0_0.distcp, not listed in the manifest"),
@@ -178,7 +208,14 @@ def test_a_crafted_dcp_checkpoint_runs_no_code_and_restore_and_export_fall_back(
     assert not marker.exists(), "crafting itself ran nothing"
 
     stream = io.StringIO()
-    chosen = CheckpointManager(ckpt, EventLog(0, stream)).choose()
+    rng, dtype = torch.get_rng_state(), torch.get_default_dtype()
+    try:
+        chosen = CheckpointManager(ckpt, EventLog(0, stream)).choose()
+        assert torch.equal(torch.get_rng_state(), rng), "the checkpoint reseeded torch"
+        assert torch.get_default_dtype() == dtype, "the checkpoint changed torch's default dtype"
+    finally:  # for the tests after this one in the process
+        torch.set_rng_state(rng)
+        torch.set_default_dtype(dtype)
     assert chosen is not None and chosen.path.name == "step-00000002"
     skipped = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [e["event"] for e in skipped] == ["checkpoint_skipped"] and reason in skipped[0]["reason"], skipped

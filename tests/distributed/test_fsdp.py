@@ -54,6 +54,38 @@ def test_the_root_module_returns_no_view_so_fsdp_does_not_warn(reference: tuple[
     assert "returned a view tensor" not in reference[0].stderr
 
 
+# Plain SGD: AdamW divides each gradient by its own scale and would hide a wrong one.
+ACCUM = ["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "512", "--warmup-steps", "1",
+         "--log-every", "1", "--max-steps", "4", "--pg-timeout-s", "60", "--optimizer", "sgd", "--lr", "0.5"]
+ACCUM_LAYOUTS = {  # 16 samples per step: ranks x micro-batch x 2 accumulated micro-batches; (replicas, shards)
+    "fsdp": (2, ["--micro-batch-size", "4"], (1, 2)),
+    "hsdp": (4, ["--dp-replicate", "2", "--micro-batch-size", "2"], (2, 2)),
+}
+
+
+@pytest.fixture(scope="module")
+def one_process_without_accumulation(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    run = python_module([*ACCUM, "--micro-batch-size", "16", "--checkpoint-dir",
+                         str(tmp_path_factory.mktemp("accum_one"))], timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("layout", list(ACCUM_LAYOUTS))
+def test_accumulated_micro_batches_under_fsdp_and_hsdp_match_one_process(
+        layout: str, one_process_without_accumulation: Run, tmp_path: Path) -> None:
+    """FSDP2 (2 ranks) and HSDP (2 replicas x 2 shards) with 2 micro-batches accumulated:
+    the reduce-scatter skipped on the first runs on the last, so each step trains on the
+    whole global batch's gradient, as one process that takes it in one batch."""
+    nproc, flags, (replicas, shards) = ACCUM_LAYOUTS[layout]
+    run = train_ok([*ACCUM, *flags, "--grad-accum-steps", "2"], tmp_path, nproc=nproc)
+    mesh = run.of("run_start")[0]["mesh"]
+    assert (mesh["dp_replicate"], mesh["dp_shard"]) == (replicas, shards), mesh
+    single = losses(one_process_without_accumulation)
+    assert len(single) == 4 and single[-1] < single[0], "it learns, so a step that skipped its update shows"
+    assert losses(run) == pytest.approx(single, abs=1e-6)
+
+
 @pytest.mark.slow
 def test_activation_checkpointing_leaves_the_math_unchanged(reference: tuple[Run, Path], tmp_path: Path) -> None:
     """Same losses with and without AC; that AC is really on is proven by the next test."""

@@ -8,18 +8,21 @@ rounding, under GPipe and 1F1B, with gradient accumulation and clipping active.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from launch import Run, python_module, train_ok
+from launch import Run, free_port, python_module, run_ranks, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.export import export
 from reference_impl.model import Stage, build_model, stage_layers
-from reference_impl.state import _update, full_state, merge_stages
+from reference_impl.state import _update, full_state, merge_stages, state_digest
 from sample_logs import assert_trained_once_in_order, losses, rank_log
 
 # 3 blocks over 2 stages (2 + 1); 8 samples per micro-batch in 4 pipeline micro-batches, 2
@@ -85,6 +88,48 @@ def test_the_stages_states_merge_into_the_whole_models() -> None:
         _update(h, "model", model_sd)
         _update(h, "optim", optim_sd)
     assert merged.hexdigest() == whole.hexdigest()
+
+
+def stage_digests(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """A rank of a real gloo pipeline holding its stage of one seeded, once-stepped model:
+    `state_digest` of its stage over the pipeline group, and (rank 0) of the whole model in
+    one piece, before and after the last stage's head weight changes. Writes rank<r>.json."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)
+        model = build_model(CFG)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model(torch.randint(0, CFG.vocab_size, (2, CFG.seq_len))).sum().backward()
+        optimizer.step()
+        stage = Stage(model, rank, world_size)  # the same Parameter objects, so the same Adam state
+        stage_optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-2)
+        for p in stage.parameters():
+            stage_optimizer.state[p] = optimizer.state[p]
+        digests = {}
+        for when in ("before", "after"):
+            if when == "after":
+                with torch.no_grad():
+                    model.head.weight[0, 0] += 1.0  # held by the last stage alone
+            digests[when] = state_digest(stage, stage_optimizer, dist.group.WORLD)
+            # The whole model without a pipeline group (the full state is rank 0's).
+            digests[f"whole_{when}"] = state_digest(model, optimizer)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(digests))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_the_digest_under_pipeline_parallel_covers_every_stage(tmp_path: Path) -> None:
+    """On every rank of two stages, the digest is the whole model's (computed in one piece,
+    without the pipeline), and a change to one weight of the last stage alone changes it on
+    the first stage's rank too. A digest of each rank's own stage would compare two runs'
+    first stages only."""
+    run_ranks(stage_digests, (2, free_port(), str(tmp_path)), timeout=90)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for when in ("before", "after"):
+        assert ranks[0][when] == ranks[1][when] == ranks[0][f"whole_{when}"], when
+    assert ranks[0]["after"] != ranks[0]["before"], "the last stage's weight is part of rank 0's digest"
 
 
 @pytest.fixture(scope="module")
