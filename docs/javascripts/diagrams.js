@@ -25,6 +25,12 @@
   // Half a screen ahead: the bundle arrives while the reader scrolls toward the diagram,
   // and the first screen of a page whose first diagram is lower down never asks for it.
   const MARGIN = "50% 0px";
+  // On paper a diagram is at most 120 mm tall (it keeps its aspect ratio): a tall one
+  // printed at the page's width would fill a page of its own, or leave the page before it
+  // half empty. The theme puts the SVG into the diagram's shadow root, where the site's
+  // stylesheet does not reach, so the rule travels with each stored SVG. (A diagram the
+  // bundle draws, one edited since its SVG was stored, prints uncapped until it is redrawn.)
+  const PRINT_SIZE = "<style>@media print { svg { max-height: 120mm; } }</style>";
 
   let settings;
   let bundle;
@@ -68,7 +74,7 @@
       const key = (await near(text))?.dataset.diagram;
       if (key) {
         const response = await fetch(`${DRAWN}${key}.svg`);
-        if (response.ok) return {svg: (await response.text()).replaceAll(DRAWN_ID, id)};
+        if (response.ok) return {svg: PRINT_SIZE + (await response.text()).replaceAll(DRAWN_ID, id)};
       }
       return (await load()).render(id, text);
     },

@@ -192,6 +192,12 @@ def test_pages_workflow_builds_strictly_with_least_privilege() -> None:
     build_steps = " ".join(str(step.get("run", "")) for step in jobs["build"]["steps"])
     assert "mkdocs build --strict" in build_steps
     assert "-c constraints.txt" in build_steps
+    # The PDF the site links is printed into the built site, after the build and before upload.
+    runs = [str(step.get("run", "")) for step in jobs["build"]["steps"]]
+    uploads = [i for i, step in enumerate(jobs["build"]["steps"]) if "upload-pages-artifact" in step.get("uses", "")]
+    build = next(i for i, run in enumerate(runs) if "mkdocs build --strict --site-dir site" in run)
+    printed = next(i for i, run in enumerate(runs) if "scripts/handbook_pdf.py site site/handbook.pdf" in run)
+    assert build < printed < uploads[0]
     triggers = workflow.get("on") or workflow.get(True)  # YAML 1.1 reads a bare `on` as True
     assert triggers["push"]["branches"] == ["main"]
 
