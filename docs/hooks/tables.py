@@ -227,6 +227,16 @@ def table(name: str) -> str:
     return TABLES[name]()
 
 
+def _indented_table(m: re.Match[str]) -> str:
+    """The table for a marker, every line indented as the marker is (a marker inside a
+    "How we know" fold gives a table inside the fold)."""
+    start = m.string.rfind("\n", 0, m.start()) + 1
+    indent = m.string[start:m.start()]
+    if indent.strip():
+        indent = ""  # the marker follows text on its line: indent nothing
+    return f"\n{indent}".join(table(m["name"]).split("\n"))
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     """Replace each `<!-- table: NAME -->` with its computed table."""
-    return MARK.sub(lambda m: table(m["name"]), markdown)
+    return MARK.sub(_indented_table, markdown)
