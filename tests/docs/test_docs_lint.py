@@ -124,7 +124,6 @@ NOT_YET_FOLDED = {
     "docs/foundations/process-topology.md", "docs/foundations/system-model.md", "docs/index.md",
     "docs/interview/cheatsheet.md", "docs/interview/hard-questions.md", "docs/interview/interview-map.md",
     "docs/practice/mock-interview.md", "docs/practice/notebook-walkthrough.md", "docs/practice/pitfalls.md",
-    "docs/reference/benchmarks.md",
     "docs/reliability/data-correctness.md", "docs/reliability/debugging.md",
     "docs/reliability/failure-model.md", "docs/reliability/observability.md",
     "docs/reliability/performance.md",
