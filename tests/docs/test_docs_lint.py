@@ -117,19 +117,6 @@ def test_every_cited_test_exists() -> None:
     assert cited > 0, "no page cites a test"
 
 
-# Pages whose evidence is still being folded (issue 36); the list only shrinks.
-NOT_YET_FOLDED = {
-    "docs/api/calc.md", "docs/biotech/hard-questions.md",
-    "docs/biotech/sequence-and-structure-modeling.md",
-    "docs/foundations/process-topology.md", "docs/foundations/system-model.md", "docs/index.md",
-    "docs/interview/cheatsheet.md", "docs/interview/hard-questions.md", "docs/interview/interview-map.md",
-    "docs/practice/mock-interview.md", "docs/practice/notebook-walkthrough.md", "docs/practice/pitfalls.md",
-    "docs/reliability/data-correctness.md", "docs/reliability/debugging.md",
-    "docs/reliability/failure-model.md", "docs/reliability/observability.md",
-    "docs/reliability/performance.md",
-}
-
-
 @pytest.mark.parametrize("page", _site_pages())
 def test_test_ids_sit_only_in_how_we_know_folds(page: Path) -> None:
     """Evidence is folded: a test id in running prose, a table or a question's answer is noise to
@@ -145,9 +132,6 @@ def test_test_ids_sit_only_in_how_we_know_folds(page: Path) -> None:
             for hit in support.TEST_ID.findall(line.text):
                 problems.append(f"{support.rel(page)}:{line.lineno}: {hit} in running prose; move it "
                                 f"into the section's ??? proof {support.PROOF_TITLE} fold")
-    if support.rel(page) in NOT_YET_FOLDED:
-        assert problems, f"{support.rel(page)} is folded now: take it off NOT_YET_FOLDED"
-        pytest.skip("evidence not folded yet (issue 36)")
     assert not problems, "\n".join(problems)
 
 
