@@ -50,6 +50,8 @@ SELF_TEST_MARK = "<!-- self-test -->"
 QUESTION_PAGES = ("interview/hard-questions.md", "biotech/hard-questions.md")
 DECK_PATH = "interview/hard-questions.apkg"
 QUESTION = re.compile(r'^\?\?\? question "(?P<question>.+)"\n(?P<body>(?:(?: {4}.*)?\n)+)', re.M)
+# A question's "How we know" fold: its title line and every line after it that is blank or indented.
+PROOF_FOLD = re.compile(r'^\?\?\?\+? proof "How we know"\n(?:(?:[ \t]+.*)?\n)*', re.M)
 TEST_REF = re.compile(r"`(?P<file>tests/[\w./-]+\.py)::(?P<name>[\w:]+)(?:\[[^\]`]*\])?`")
 PAGE_INCLUDE = re.compile(r'^--8<-- "(?P<path>docs/[^"]+\.md)"$', re.M)
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<mark>```|~~~)")
@@ -235,7 +237,10 @@ def question_bank() -> list[dict[str, Any]]:
         for m in QUESTION.finditer(text):
             topics = re.findall(r"^## (.+)$", text[:m.start()], re.M)
             body = "\n".join(line[4:] for line in m["body"].splitlines()).strip()
-            bank.append({"question": m["question"], "answer": body, "page": page,
+            # The answer a card shows is the question's text without its "How we know" fold;
+            # the tests that fold names become the card's proof links.
+            answer = PROOF_FOLD.sub("", body + "\n").strip()
+            bank.append({"question": m["question"], "answer": answer, "page": page,
                          "topic": topics[-1] if topics else "",
                          "tests": [f"{t['file']}::{t['name']}" for t in TEST_REF.finditer(body)]})
     return bank

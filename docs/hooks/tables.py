@@ -191,6 +191,62 @@ def gpu_fp8() -> str:
     return "\n".join(rows)
 
 
+def _record(name: str) -> dict[str, Any]:
+    return json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _where(record: dict[str, Any]) -> str:
+    return f"{record['device'].split(' (')[0]}, torch {record['torch']}, {record['date']}"
+
+
+def benchmark_summary() -> str:
+    """What the committed benchmark runs answer, one row each, every figure read from
+    `docs/data/*.json` (the benchmarks page's opening table)."""
+    small, big, fp8 = _record("gpu_small"), _record("gpu"), _record("gpu_fp8")
+    async_cpu, resume = _record("async_checkpoint"), _record("resume")
+    steps = small["data"]["steps"]
+    best = max(steps, key=lambda s: s["result"]["ddp"]["mfu"])["result"]
+    blocks, loss = steps[1]["result"]["ddp"], steps[2]["result"]["ddp"]
+    stall = steps[2]["result"]["checkpoint_stall"]
+    ladder = big["data"]["ladder"]["steps"]
+    top = max(ladder, key=lambda s: s["result"]["ddp"]["mfu"])["result"]["ddp"]
+    cases = {c["k"]: c for c in fp8["data"]["cases"]}
+    wins = [k for k in sorted(cases) if cases[k]["layer_speedup_compiled"] > 1]
+    largest = max(cases)
+    cpu = async_cpu["data"]
+    digests = resume["data"]["state_digests"]
+    same = "the same" if digests["uninterrupted"] == digests["resumed"] else "a different"
+    rows = [
+        ("Does the trainer reach 40% MFU on one GPU?",
+         f"{best['ddp']['mfu']:.1%} MFU, {best['ddp']['tokens_per_s']:,.0f} tokens/s at GPT-2 small's shape, "
+         f"{best['global_batch_size']} sequences per step", _where(small), "#gpt-2-smalls-shape"),
+        ("What moved MFU most?",
+         f"compiling the loss: {blocks['tokens_per_s']:,.0f} → {loss['tokens_per_s']:,.0f} tokens/s "
+         f"(+{loss['tokens_per_s'] / blocks['tokens_per_s'] - 1:.0%}), peak {blocks['peak_memory_gib']:.2f} → "
+         f"{loss['peak_memory_gib']:.2f} GiB", _where(small), "#gpt-2-smalls-shape"),
+        ("The benchmark's own 219 M model, best run",
+         f"{top['mfu']:.1%} MFU, {top['tokens_per_s']:,.0f} tokens/s", _where(big), "#gpu"),
+        ("What does an asynchronous checkpoint cost training?",
+         f"{stall['blocked_s']:.2f} s blocked against {stall['sync_s']:.2f} s for a synchronous save "
+         f"({stall['blocked_floor_ratio']:.2f}x a plain copy into host buffers)", _where(small),
+         "#async-checkpoint-stall"),
+        ("The same on CPU (FSDP, 2 ranks on gloo)",
+         f"{cpu['blocked_s']:.3f} s blocked against {cpu['sync_s']:.3f} s synchronous "
+         f"({cpu['params'] / 1e6:.1f} M parameters)", _where(async_cpu), "#async-checkpoint-stall"),
+        ("When does FP8 pay?",
+         f"compiled, from K = {wins[0]:,} ({cases[wins[0]]['layer_speedup_compiled']:.2f}x; "
+         f"{cases[largest]['layer_speedup_compiled']:.2f}x at {largest:,}); eager never "
+         f"({cases[largest]['layer_speedup']:.2f}x at {largest:,})", _where(fp8), "#where-fp8-pays"),
+        ("Does a SIGKILLed run resume exactly?",
+         f"{same} state digest as the uninterrupted run, {resume['data']['world_size']} ranks, killed at step "
+         f"{resume['data']['fail_at_step']}, restored from step {resume['data']['restored_step']}",
+         _where(resume), "../reliability/checkpointing.md#what-a-resume-test-proves"),
+    ]
+    lines = ["| Question | Measured answer | Run |", "| --- | --- | --- |"]
+    lines += [f"| [{q}]({link}) | {a} | {w} |" for q, a, w, link in rows]
+    return "\n".join(lines) + "\n"
+
+
 def memory_grid() -> str:
     """The grid at Llama-2 and Llama-3 shapes (`docs/data/memory_grid.json`)."""
     return _memory_grid("memory_grid")
@@ -213,7 +269,8 @@ TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_land
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
                                         "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_ladder": gpu_ladder,
                                         "gpu_small": gpu_small, "gpu_fp8": gpu_fp8,
-                                        "accessibility_known": accessibility_known}
+                                        "accessibility_known": accessibility_known,
+                                        "benchmark_summary": benchmark_summary}
 
 
 def table(name: str) -> str:
@@ -227,6 +284,16 @@ def table(name: str) -> str:
     return TABLES[name]()
 
 
+def _indented_table(m: re.Match[str]) -> str:
+    """The table for a marker, every line indented as the marker is (a marker inside a
+    "How we know" fold gives a table inside the fold)."""
+    start = m.string.rfind("\n", 0, m.start()) + 1
+    indent = m.string[start:m.start()]
+    if indent.strip():
+        indent = ""  # the marker follows text on its line: indent nothing
+    return f"\n{indent}".join(table(m["name"]).split("\n"))
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     """Replace each `<!-- table: NAME -->` with its computed table."""
-    return MARK.sub(lambda m: table(m["name"]), markdown)
+    return MARK.sub(_indented_table, markdown)

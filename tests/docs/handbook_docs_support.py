@@ -44,6 +44,53 @@ def markdown_files() -> list[Path]:
     return files
 
 
+# Evidence on a page (test ids, how a figure was measured) sits in one folded element,
+# `??? proof "How we know"`, which pymdownx.details renders as <details class="proof">.
+PROOF_FOLD = re.compile(r'^(?P<indent>[ \t]*)\?\?\?\+?[ \t]+proof\b(?P<title>.*)$')
+PROOF_TITLE = '"How we know"'
+# A test id as the pages write it: `tests/<file>.py::test_<name>` or a bare `test_<name>` in a
+# code span (a file path alone, `tests/<file>.py`, names no test and is not an id).
+TEST_ID = re.compile(r"tests/[\w./-]+\.py::(?:\w+::)?test_\w+|`test_\w+`")
+
+
+@dataclass
+class ProseLine:
+    """One line of a page outside fenced code, and whether it sits in a "How we know" fold."""
+
+    lineno: int
+    text: str
+    in_proof: bool
+
+
+def prose_lines(path: Path) -> list[ProseLine]:
+    """The lines of a page outside fenced code, each marked in or out of a proof fold.
+
+    A fold is the `??? proof "How we know"` line and every following line that is blank or
+    indented deeper than it, as pymdownx.details reads it."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[ProseLine] = []
+    fence: str | None = None
+    fold_indent: int | None = None
+    for lineno, line in enumerate(lines, 1):
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if fold_indent is not None and stripped and indent <= fold_indent:
+            fold_indent = None
+        if fence:
+            if stripped.startswith(fence) and not stripped.strip(fence[0]):
+                fence = None
+            continue
+        if m := re.match(r"(`{3,}|~{3,})", stripped):
+            fence = m[1]
+            continue
+        if fold_indent is None and (m := PROOF_FOLD.match(line)):
+            fold_indent = len(m["indent"].expandtabs(4))
+            out.append(ProseLine(lineno, line, True))
+            continue
+        out.append(ProseLine(lineno, line, fold_indent is not None))
+    return out
+
+
 def rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 

@@ -4,6 +4,7 @@ every test a page cites exists, diagrams are safe for mermaid, snippet sections 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -79,8 +80,24 @@ def _defined_names(path: Path) -> set[str]:
     return names
 
 
+BARE_TEST = re.compile(r"`(?P<name>test_\w+)`")
+
+
+def _site_pages() -> list:
+    return [pytest.param(p, id=support.rel(p)) for p in sorted(support.DOCS.rglob("*.md"))]
+
+
+@functools.lru_cache(maxsize=1)
+def _every_test_name() -> frozenset[str]:
+    names: set[str] = set()
+    for path in (support.ROOT / "tests").rglob("test_*.py"):
+        names |= {n.rsplit("::", 1)[-1] for n in _defined_names(path)}
+    return frozenset(names)
+
+
 def test_every_cited_test_exists() -> None:
-    """A claim links to its proof as `tests/<file>.py::<test>`; that test must exist."""
+    """A claim links to its proof as `tests/<file>.py::<test>` (or names a test as `test_<name>`
+    in a fold that has named its file); that test must exist."""
     missing, cited = [], 0
     for page in support.markdown_files():
         for lineno, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
@@ -92,8 +109,44 @@ def test_every_cited_test_exists() -> None:
                     missing.append(f"{where}: no such file")
                 elif m["name"] not in _defined_names(target):
                     missing.append(f"{where}: no such test in the file")
+            for m in BARE_TEST.finditer(line):
+                cited += 1
+                if m["name"] not in _every_test_name():
+                    missing.append(f"{support.rel(page)}:{lineno}: {m['name']}: no test of that name under tests/")
     assert not missing, "\n".join(missing)
     assert cited > 0, "no page cites a test"
+
+
+@pytest.mark.parametrize("page", _site_pages())
+def test_test_ids_sit_only_in_how_we_know_folds(page: Path) -> None:
+    """Evidence is folded: a test id in running prose, a table or a question's answer is noise to
+    a candidate, so every id on a page sits inside a `??? proof "How we know"` fold, and every
+    proof fold carries that one title (one element, styled once in docs/stylesheets/extra.css)."""
+    problems = []
+    for line in support.prose_lines(page):
+        m = support.PROOF_FOLD.match(line.text)
+        if m and m["title"].strip() != support.PROOF_TITLE:
+            problems.append(f"{support.rel(page)}:{line.lineno}: a proof fold is titled "
+                            f"{m['title'].strip() or '(nothing)'}; write ??? proof {support.PROOF_TITLE}")
+        if not line.in_proof:
+            for hit in support.TEST_ID.findall(line.text):
+                problems.append(f"{support.rel(page)}:{line.lineno}: {hit} in running prose; move it "
+                                f"into the section's ??? proof {support.PROOF_TITLE} fold")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_fold_check_sees_an_id_in_prose_and_none_in_a_fold(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("The answer first.\n\n"
+                    '??? proof "How we know"\n\n'
+                    "    - `tests/test_calc.py::test_fsdp_sends_one_and_a_half_times_ddp`\n"
+                    "    - `test_two_stages_under_gpipe_match_one_process`\n\n"
+                    "```console\n$ pytest tests/test_x.py::test_y\n```\n\n"
+                    "Back in prose (`tests/test_calc.py::test_fsdp_sends_one_and_a_half_times_ddp`).\n",
+                    encoding="utf-8")
+    outside = [(line.lineno, hit) for line in support.prose_lines(page) if not line.in_proof
+               for hit in support.TEST_ID.findall(line.text)]
+    assert outside == [(12, "tests/test_calc.py::test_fsdp_sends_one_and_a_half_times_ddp")]
 
 
 def test_snippet_sections_are_well_formed() -> None:

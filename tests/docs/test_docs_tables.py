@@ -112,7 +112,7 @@ def test_an_unknown_table_stops_the_build() -> None:
     import tables
 
     known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, "
-             "gpu_small, gpu_fp8, accessibility_known")
+             "gpu_small, gpu_fp8, accessibility_known, benchmark_summary")
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -252,3 +252,25 @@ def test_the_fp8_table_is_the_committed_run_and_the_prose_reads_it() -> None:
                    f"({cases[4096]['layer_speedup_compiled']:.2f}x)", f"by {cases[8192]['layer_speedup_compiled']:.2f}x",
                    f"{cases[1024]['layer_speedup']:.2f}x at K = 1,024", f"still {cases[8192]['layer_speedup']:.2f}x"):
         assert figure in page, figure
+
+
+def test_the_benchmarks_page_leads_with_what_the_runs_answer() -> None:
+    """The page opens with the generated results table, before any section, and every figure in
+    it is read from `docs/data/` (none typed into the page); the method of each run is folded."""
+    page = (support.DOCS / "reference" / "benchmarks.md").read_text(encoding="utf-8")
+    assert page.index("<!-- table: benchmark_summary -->") < page.index("\n## "), "the results table comes first"
+    table = _computed_tables()["benchmark_summary"]
+    small = json.loads((support.DOCS / "data" / "gpu_small.json").read_text(encoding="utf-8"))["data"]["steps"]
+    best = max(small, key=lambda s: s["result"]["ddp"]["mfu"])["result"]["ddp"]
+    fp8 = {c["k"]: c for c in json.loads((support.DOCS / "data" / "gpu_fp8.json").read_text(encoding="utf-8"))["data"]["cases"]}
+    cpu = json.loads((support.DOCS / "data" / "async_checkpoint.json").read_text(encoding="utf-8"))["data"]
+    for figure in (f"{best['mfu']:.1%} MFU, {best['tokens_per_s']:,.0f} tokens/s",
+                   f"{fp8[8192]['layer_speedup_compiled']:.2f}x at 8,192",
+                   f"{cpu['blocked_s']:.3f} s blocked against {cpu['sync_s']:.3f} s"):
+        assert figure in table, figure
+    lead = page[:page.index("\n## ")]
+    assert not re.search(r"\d\.\d", lead), "the lead's figures come from the table, not typed in"
+    for section in re.split(r"\n### ", page)[1:]:
+        name = section.splitlines()[0]
+        if name != "What moved MFU":
+            assert '??? proof "How we know"' in section, f"{name}: its method is folded"
