@@ -197,6 +197,17 @@ def _sharded_state(state: TrainState) -> dict[str, Any]:
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _on_host(state: dict[str, Any]) -> bool:
+    """Whether every tensor in `state` is in host memory."""
+    from torch.utils._pytree import tree_leaves
+
+    return all(leaf.device.type == "cpu" for leaf in tree_leaves(state) if isinstance(leaf, torch.Tensor))
+
+
+# From torch 2.13 a stager passed to `async_save` stays open until its owner closes it.
+_CALLER_CLOSES_STAGER = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
+
 class AsyncSaver:
     """Runs DCP saves in the background on a dedicated gloo group.
 
@@ -207,8 +218,12 @@ class AsyncSaver:
     which changes the parameters, waits for it (`guard` registers the wait as the
     optimizer's step pre-hook). Staging copies into host buffers kept from the first save,
     so a save's stall is a memcpy, not fresh allocations and their page faults (the price:
-    one host copy of the rank's state held for the run; pinned when the state is on a GPU):
-    `HostStager` (`reference_impl.checkpoint.staging`). Under a process group the ranks agree that every copy
+    one host copy of the rank's state held for the run): `HostStager`
+    (`reference_impl.checkpoint.staging`) for state in host memory, DCP's `DefaultStager`
+    (pinned buffers, a side stream) for state on a GPU. Before torch 2.13, `async_save`
+    closes the stager it is given when the save completes (seen with torch 2.11: the next
+    save failed with `KeyError: <class 'type'>`), so there each GPU save gets a
+    `DefaultStager` of its own. Under a process group the ranks agree that every copy
     succeeded before DCP's collectives start (`AgreedStager`), so a copy that fails on one
     rank fails the save on all of them at once. The rest of the save (`then`: the small
     files, the ranks' agreement, rank 0's publish) runs on the writing thread as soon as
@@ -229,10 +244,15 @@ class AsyncSaver:
     def start(self, state: dict[str, Any], path: Path) -> None:
         """Begin copying `state` and writing it to `path` with DCP; returns at once."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         from reference_impl.checkpoint.staging import AgreedStager, HostStager
 
-        self._stager = self._stager or HostStager()  # one for the run: its buffers serve every save
+        # One stager for the run, except a DefaultStager that torch closes after each save.
+        kept = isinstance(self._stager, HostStager) or (self._stager is not None and _CALLER_CLOSES_STAGER)
+        if not kept:
+            self._stager = HostStager() if _on_host(state) else DefaultStager(StagingOptions(
+                use_pinned_memory=True, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=True))
         stager = self._stager if self.group is None else AgreedStager(self._stager, self.group)
         response = dcp.async_save(state, checkpoint_id=path, process_group=self.group, async_stager=stager)
         # With background staging DCP returns two futures: copied, and written.
@@ -296,6 +316,10 @@ class AsyncSaver:
             self._hook = None
         if self._future is not None:  # a failed run may leave a write going: it keeps its stager
             return
+        from reference_impl.checkpoint.staging import HostStager
+
         stager, self._stager = self._stager, None
-        if stager is not None:
+        if isinstance(stager, HostStager):
             stager.shutdown()
+        elif stager is not None and _CALLER_CLOSES_STAGER:  # a DefaultStager torch left open
+            stager.close()

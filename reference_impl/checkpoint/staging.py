@@ -1,22 +1,19 @@
-"""Staging an async save: one copy per tensor into buffers kept across saves, on a thread
-of its own.
+"""Staging an async save of host-resident state: one memcpy per tensor into buffers kept
+across saves, on a thread of its own.
 
 An async save must copy the state before training changes it. DCP's `DefaultStager` does
 this with a deep copy that walks every value and rebuilds each DTensor through DTensor's
 dispatch: for a 25 M-parameter FSDP2 state (408 tensors per rank) it took 2.9x the bare
 memcpy here, about 90 µs of Python per tensor, and the copying thread held the GIL that
-the training thread needs; on a GPU under torch 2.11 it also pinned fresh host memory for
-every save (torch closes the stager it is given after each one). `HostStager` splits the
-work: `stage` (on the calling thread) walks the state dict once, pairs every tensor with a
-buffer kept from the previous save (a DTensor's local shard with a buffer wrapped once in a
-DTensor of the same mesh, placements, shape and stride), and hands the list of copies to
-its thread, where `Tensor.copy_` runs with the GIL released.
+the training thread needs. `HostStager` splits the work: `stage` (on the calling thread) walks
+the state dict once, pairs every tensor with a buffer kept from the previous save (a
+DTensor's local shard with a buffer wrapped once in a DTensor of the same mesh, placements,
+shape and stride), and hands the list of copies to its thread, where `Tensor.copy_` runs
+with the GIL released.
 
-State on a GPU gets pinned host buffers (a device-to-host copy from pageable memory goes
-through a bounce buffer at a fraction of the link's speed) and its copies run on a side
-stream of the stager's. That stream first waits for an event that `stage` records on the
-caller's stream, so the copies read the state as it stands after everything the caller
-queued before the save (the optimizer step), whatever the device has reached by then.
+It stages state that lives in host memory (CPU runs on gloo). State on a GPU keeps DCP's
+`DefaultStager`, whose pinned buffers and side-stream copies are what a device-to-host copy
+needs (`reference_impl.checkpoint.layouts.AsyncSaver` chooses).
 """
 
 from __future__ import annotations
@@ -51,7 +48,6 @@ class HostStager(AsyncStager):
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-staging")
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}  # one side stream per GPU, made on first use
         # key path in the state dict -> (layout, what the staged dict holds, the buffer it fills)
         self._kept: dict[tuple[Hashable, ...], tuple[tuple[Any, ...], torch.Tensor, torch.Tensor]] = {}
 
@@ -60,14 +56,7 @@ class HostStager(AsyncStager):
         copies: Copies = []
         with torch.no_grad():  # to_local() of a parameter's DTensor records no autograd node
             staged = self._mirror(state_dict, (), copies)
-        return self._executor.submit(_copy_all, copies, staged, self._after_queued_work(copies))
-
-    def _after_queued_work(self, copies: Copies) -> list[tuple[torch.cuda.Stream, torch.cuda.Event]]:
-        """For each GPU the sources live on, the stager's side stream and an event recorded
-        now on the caller's stream: the copies wait for it, not for whatever has run by then."""
-        devices = {source.device for _, source in copies if source.is_cuda}
-        return [(self._streams.setdefault(device, torch.cuda.Stream(device)),
-                 torch.cuda.current_stream(device).record_event()) for device in devices]
+        return self._executor.submit(_copy_all, copies, staged)
 
     def synchronize_staging(self) -> None:
         """Nothing to do: callers wait on the future that `stage` returns."""
@@ -100,8 +89,7 @@ class HostStager(AsyncStager):
             layout += (value.device_mesh, value.placements, value.shape, value.stride())
         kept = self._kept.get(key)
         if kept is None or kept[0] != layout:
-            buffer = torch.empty_strided(source.size(), source.stride(), dtype=source.dtype, device="cpu",
-                                         pin_memory=source.is_cuda)
+            buffer = torch.empty_like(source, device="cpu")
             staged = buffer if not isinstance(value, DTensor) else DTensor.from_local(
                 buffer, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride())
             kept = self._kept[key] = (layout, staged, buffer)
@@ -172,24 +160,9 @@ def _form(tensor: torch.Tensor) -> tuple[Any, ...]:
     return tuple(tensor.shape), tensor.stride(), tensor.dtype
 
 
-def _copy_all(copies: Copies, staged: dict[str, Any],
-              ready: list[tuple[torch.cuda.Stream, torch.cuda.Event]]) -> dict[str, Any]:
-    """Fill every buffer from its source (the stager's thread); return the staged dict.
-
-    A GPU source is copied on its device's side stream, after that stream has waited for the
-    event `stage` recorded; the copies are asynchronous into pinned memory, so the stream is
-    synchronized before the staged dict is handed on.
-    """
-    streams = {stream.device: stream for stream, _ in ready}
-    for stream, event in ready:
-        stream.wait_event(event)
+def _copy_all(copies: Copies, staged: dict[str, Any]) -> dict[str, Any]:
+    """Fill every buffer from its source (the stager's thread); return the staged dict."""
     with torch.no_grad():  # grad mode is per thread: a source that requires grad must not link its copy
         for buffer, source in copies:
-            if source.is_cuda:
-                with torch.cuda.stream(streams[source.device]):
-                    buffer.copy_(source, non_blocking=True)
-            else:
-                buffer.copy_(source)
-    for stream in streams.values():
-        stream.synchronize()
+            buffer.copy_(source)
     return staged
