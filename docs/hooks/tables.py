@@ -16,6 +16,9 @@
   off the row above it;
 * `gpu_small`: the same kind of ladder at GPT-2 small's shape (`docs/data/gpu_small.json`):
   eager, blocks compiled, loss compiled too, then more sequences per step;
+* `gpu_host_bound`: `scripts/gpu_profile.py` on a real GPU (`docs/data/gpu_profile.json`): the
+  219 M model at eight sequences, eager and compiled, each row's step time beside the GPU's
+  kernel time and the launches per step, so a step the host holds back reads off its row;
 * `gpu_fp8`: `python -m reference_impl.bench fp8` on a real GPU (`docs/data/gpu_fp8.json`):
   a float8 linear against bf16 by size, eager and compiled, and the bare matmuls' ratio;
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
@@ -191,6 +194,20 @@ def gpu_fp8() -> str:
     return "\n".join(rows)
 
 
+def gpu_host_bound() -> str:
+    """The profiled variants of `docs/data/gpu_profile.json`: step, kernel time, launches."""
+    record = _record("gpu_profile")
+    rows = ["| Run | Step (ms) | GPU kernels (ms) | GPU busy | Launches per step | Tokens/s |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for r in record["data"]["rows"]:
+        rows.append(f"| {r['label']} | {r['step_ms_unprofiled']:.1f} | {r['kernel_ms']:.1f} "
+                    f"| {min(1.0, r['kernel_ms'] / r['step_ms_unprofiled']):.0%} | {r['launches_per_step']:,} "
+                    f"| {r['tokens_per_s']:,} |")
+    rows.append(f"\n{record['data']['shape']}. {record['data']['note']}. torch {record['torch']}, {record['device']}, "
+                f"{record['date']}, commit {record['commit']}. Regenerate with `{record['command']}`.")
+    return "\n".join(rows)
+
+
 def _record(name: str) -> dict[str, Any]:
     return json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
 
@@ -268,7 +285,7 @@ def accessibility_known() -> str:
 TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_landmarks": mesh_landmarks,
                                         "memory_grid": memory_grid, "memory_grid_reduced": memory_grid_reduced,
                                         "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_ladder": gpu_ladder,
-                                        "gpu_small": gpu_small, "gpu_fp8": gpu_fp8,
+                                        "gpu_small": gpu_small, "gpu_fp8": gpu_fp8, "gpu_host_bound": gpu_host_bound,
                                         "accessibility_known": accessibility_known,
                                         "benchmark_summary": benchmark_summary}
 

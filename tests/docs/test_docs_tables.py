@@ -112,7 +112,7 @@ def test_an_unknown_table_stops_the_build() -> None:
     import tables
 
     known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, "
-             "gpu_small, gpu_fp8, accessibility_known, benchmark_summary")
+             "gpu_small, gpu_fp8, gpu_host_bound, accessibility_known, benchmark_summary")
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
