@@ -29,7 +29,7 @@ def setup() -> tuple[int, int, torch.device]:
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     torch.get_device_module(device).set_device(device)  # a GPU before the group, so NCCL binds it
     store: dist.Store | None = dist.HashStore() if world == 1 else None  # alone: nobody to meet
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # one store for every attempt:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # hides past attempts' dead peers
         base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world)
         store = dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", base)
     dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank, world_size=world)
@@ -71,18 +71,18 @@ def save(root: str, step: int, parts: dict, rank: int) -> None:
     os.makedirs(tmp := os.path.join(root, f"tmp-step-{step:08d}"), exist_ok=True)
     state = {name: part.state_dict() for name, part in parts.items()} if rank == 0 else {}
     state.update(step=step, rng=[torch.get_rng_state(), torch.cuda.get_rng_state_all()])
-    with open(os.path.join(tmp, f"rank-{rank}.pt"), "wb") as f:  # rank 0 also holds the one
-        torch.save(state, f)  # copy of the replicas' state; every rank its own RNG streams
+    with open(os.path.join(tmp, f"rank-{rank}.pt"), "wb") as f:  # each rank its own RNG streams
+        torch.save(state, f)  # rank 0's also holds the training state: the replicas are equal
         f.flush()
         os.fsync(f.fileno())  # on disk before the rename can publish it
     dist.barrier()  # every rank's file is on disk
     if rank == 0:  # a step-N that restore skipped as damaged gives way; the rename commits
         shutil.rmtree(final := os.path.join(root, f"step-{step:08d}"), ignore_errors=True)
         os.rename(tmp, final)  # the commit point: before it, no step-N at all
-def intact(path: str) -> bool:  # every rank checks every file, so all ranks fall back alike
-    with contextlib.suppress(Exception):  # torn: no zip at all; changed: a record fails its CRC32
+def intact(path: str) -> bool:  # torch.save writes a CRC32 per record; torch.load never checks
+    with contextlib.suppress(Exception):  # a torn file is no zip; a changed record fails its CRC
         return not any(zipfile.ZipFile(f).testzip() for f in glob.glob(f"{path}/rank-*.pt"))
-    return False  # that torch.save writes and torch.load never checks
+    return False  # every rank checks every file, so all ranks fall back alike
 def restore(root: str, parts: dict, rank: int) -> int:
     """Load the newest checkpoint that verifies into `parts`, weights only; return its step or 0."""
     for d in filter(intact, sorted(glob.glob(os.path.join(root, "step-*")), reverse=True)):
