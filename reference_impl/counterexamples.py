@@ -20,6 +20,7 @@ import marshal
 import os
 import random
 import resource
+import shutil  # noqa: F401 - the checkpoint section of interview_core.py, shown with it, uses it
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+import zipfile  # noqa: F401 - the checkpoint section of interview_core.py, shown with it, uses it
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager

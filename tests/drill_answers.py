@@ -228,6 +228,17 @@ def restore_newest(root: str, parts: dict) -> int:
     return state["step"]
 
 
+def core_save(root: str, step: int, parts: dict) -> None:
+    """The interview core's `save`, called as the grader calls it."""
+    core.save(root, step, parts, dist.get_rank())
+
+
+def core_restore(root: str, parts: dict) -> int:
+    """The interview core's `restore`: it checks the CRC32s and falls back, but keeps torch's RNG
+    streams alone, not Python's `random` (the core draws from none but torch's)."""
+    return core.restore(root, parts, dist.get_rank())
+
+
 # Drill 7: the model solution is the interview core's `main`.
 MAIN = core.main
 

@@ -227,6 +227,8 @@ DRILL_6: dict[str, tuple[Callable[..., None], Callable[..., int], dict[str, str]
         TORN: "failed finding central directory", CHANGED: "restore returns step 20, want 10"}),
     "weights_only=False": (
         answers.save, answers.restore_unsafe, {"torch.load runs with weights_only=True": "weights_only=False"}),
+    "the interview core, which keeps no Python random state": (
+        answers.core_save, answers.core_restore, {RESTORES: "rank 1: Python random"}),
     "torch.save straight to the final path": (answers.save_in_place, answers.restore_newest, {
         TORN: "failed finding central directory", CHANGED: "restore returns step 20, want 10",
         CRASHED: "failed finding central directory"}),
