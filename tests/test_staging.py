@@ -83,3 +83,30 @@ def test_a_dtensor_stages_as_a_dtensor_of_the_same_layout(one_rank: None) -> Non
     assert torch.equal(copy.to_local(), torch.arange(12.0).reshape(6, 2))
     again = staged(stager, {"w": source})["w"]
     assert again is copy and torch.equal(again.to_local(), source.to_local()), "one wrapper, refilled"
+
+
+def test_a_dtensor_of_a_gpu_mesh_stays_in_its_host_buffer() -> None:
+    """State on a GPU mesh: the staged DTensor must hold the host buffer the copies fill.
+    `DTensor.from_local` would move the buffer to the mesh's device (a GPU copy made once and
+    never refilled); on this CPU-only build such a move fails outright. A "cuda" mesh over a
+    fake process group gives the layout without a GPU."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        mesh = DeviceMesh("cuda", [0, 1], _init_backend=False)
+        local = torch.arange(6.0)  # rank 0's half of 12 values, held on the host for the test
+        spec = DTensorSpec(mesh, (Shard(0),), TensorMeta(torch.Size([12]), (1,), local.dtype))
+        source = DTensor(local, spec, requires_grad=False)
+        stager = HostStager()
+        copy = staged(stager, {"w": source})["w"]
+        assert isinstance(copy, DTensor) and copy.device_mesh is mesh and copy.placements == (Shard(0),)
+        assert copy.shape == (12,) and copy._local_tensor.device.type == "cpu"
+        local.add_(100.0)
+        again = staged(stager, {"w": source})["w"]
+        assert again is copy and torch.equal(again._local_tensor, local), "the wrapper holds the refilled buffer"
+    finally:
+        dist.destroy_process_group()
+

@@ -90,8 +90,7 @@ class HostStager(AsyncStager):
         kept = self._kept.get(key)
         if kept is None or kept[0] != layout:
             buffer = torch.empty_like(source, device="cpu")
-            staged = buffer if not isinstance(value, DTensor) else DTensor.from_local(
-                buffer, value.device_mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride())
+            staged = _wrapped_like(value, buffer) if isinstance(value, DTensor) else buffer
             kept = self._kept[key] = (layout, staged, buffer)
         copies.append((kept[2], source))
         return kept[1]
@@ -153,6 +152,19 @@ class AgreedStager(AsyncStager):
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _wrapped_like(value: DTensor, local: torch.Tensor) -> DTensor:
+    """`local` as the local tensor of a DTensor laid out as `value` is, left where it is.
+
+    `DTensor.from_local` moves its argument to the mesh's device type: for state on a GPU
+    mesh, the host buffer would be copied to the GPU once and the staged DTensor would hold
+    that copy, which no later save refills. Rebuilding through the subclass protocol that
+    tracing uses (`__tensor_flatten__`, `__tensor_unflatten__`) keeps the buffer itself.
+    """
+    names, context = value.__tensor_flatten__()
+    inner = {name: getattr(value, name) for name in names} | {"_local_tensor": local}
+    return DTensor.__tensor_unflatten__(inner, context, value.shape, value.stride())
 
 
 def _form(tensor: torch.Tensor) -> tuple[Any, ...]:
