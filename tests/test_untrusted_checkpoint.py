@@ -12,6 +12,8 @@ import io
 import json
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from launch import python_module
-from reference_impl.checkpoint import CheckpointManager
+from reference_impl.checkpoint import CheckpointError, CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.export import export
 from reference_impl.export import main as export_main
@@ -210,3 +212,36 @@ def test_export_refuses_an_output_it_would_damage_and_names_a_failed_write(
     assert not list(tmp_path.rglob("*.tmp")), "no scratch file left behind"
     assert export_main([str(ckpt), str(tmp_path / "model.pt")]) == 0
     assert torch.load(tmp_path / "model.pt", weights_only=True)["step"] == 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", ["torch_save", "dcp"])
+def test_export_racing_retention_always_exports_a_checkpoint_that_was_valid(layout: str, tmp_path: Path) -> None:
+    """A run saving every step under --keep-last 1 prunes the checkpoint an export has just
+    listed. Export used to read half-deleted directories: "no valid checkpoint" while one
+    existed, and under DCP a raw CheckpointException. Now it pins what it reads and lists
+    again when a newer one appeared: every export succeeds."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "model.pt"
+    extra = (["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "64", "--micro-batch-size", "4"]
+             if layout == "dcp" else FLAGS[8:])
+    args = ["--max-steps", "40", "--warmup-steps", "1", "--checkpoint-every", "1", "--keep-last", "1",
+            "--log-every", "1000", "--checkpoint-dir", str(ckpt), *extra]
+    runs: list = []
+    trainer = threading.Thread(target=lambda: runs.append(python_module(args, timeout=150)))
+    trainer.start()
+    exported, failures = [], []
+    while trainer.is_alive():
+        if not list(ckpt.glob("step-*")):
+            time.sleep(0.05)
+            continue
+        try:
+            exported.append(export(ckpt, out, EventLog(0, io.StringIO())).name)
+        except CheckpointError as exc:
+            failures.append(str(exc))
+    trainer.join()
+    assert runs and runs[0].returncode == 0, runs[0].stderr[-3000:] if runs else "the trainer failed"
+    assert not failures, failures[:3]
+    assert len(exported) >= 3, exported
+    assert torch.load(out, weights_only=True)["step"] == int(exported[-1][5:])
+

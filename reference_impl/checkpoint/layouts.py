@@ -160,6 +160,7 @@ class DcpLayout(CheckpointLayout):
                        optim_state_dict=sharded["model_optim"]["optim"], options=_dcp_options())
 
     def full_model(self, path: Path, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         from reference_impl.checkpoint.dcp_safe import ConfinedReader, WeightsOnlyFullPlanner
@@ -167,8 +168,12 @@ class DcpLayout(CheckpointLayout):
         # Rebuilt from the metadata, every shard gathered into full tensors, as torch's own
         # dcp_to_torch_save does it (the public `dcp.load` would fill a copy of `merged`).
         merged: dict[str, Any] = {}
-        _load_state_dict(merged, storage_reader=ConfinedReader(path / DCP_DIR), planner=WeightsOnlyFullPlanner(),
-                         no_dist=True)
+        try:
+            _load_state_dict(merged, storage_reader=ConfinedReader(path / DCP_DIR),
+                             planner=WeightsOnlyFullPlanner(), no_dist=True)
+        except CheckpointException as exc:  # a BaseException: a shard gone since it was verified
+            raise CheckpointError(f"reading {DCP_DIR}/ of {path.name} failed: "
+                                  f"{str(exc).splitlines()[0][:200]}") from None
         return merged["model_optim"]["model"]
 # --8<-- [end:dcp_layout]
 

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,8 +28,10 @@ from reference_impl.checkpoint.files import (
     load_weights_only,
     make_dir,
     member,
+    pinned,
     read_bounded,
     remove,
+    remove_unless_pinned,
     step_name,
     step_of,
     write_private,
@@ -113,7 +115,7 @@ class CheckpointManager:
                 continue
         return None
 
-    def choose(self, refused: frozenset[str] = frozenset()) -> Chosen | None:
+    def choose(self, refused: frozenset[str] = frozenset(), pins: ExitStack | None = None) -> Chosen | None:
         """Newest checkpoint that validates, verifies and loads safely, with its loaded train.pt.
 
         The manifest is read and shape-checked once, before any other byte. Then train.pt
@@ -123,29 +125,43 @@ class CheckpointManager:
 
         Args:
             refused: Names of step directories to pass over (refused by another rank).
+            pins: A reader outside the run (export) pins each candidate before reading it,
+                and the chosen one stays pinned until `pins` closes: the run's retention
+                cannot delete it mid-read.
         """
         self._report_misnamed()
         for _, path in self.steps():
             if path.name in refused:
                 continue
-            try:
-                manifest = read_manifest(path)
-                with ThreadPoolExecutor(1) as pool:
-                    verified = pool.submit(verify, path, manifest)
-                    try:
-                        saved, load_error = load_weights_only(member(path, TRAIN_FILE)), None
-                    except CheckpointError as exc:
-                        saved, load_error = None, exc
-                    verified.result()
-                if load_error:
-                    raise load_error
-                ranks = [load_weights_only(member(path, rank_file(r))) for r in range(manifest["world_size"])]
-                check_contents(manifest, saved, ranks)
-                self._remember_valid(path)
-                return Chosen(path, manifest, saved)
-            except (CheckpointError, OSError) as exc:
-                self.log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
+            with ExitStack() as candidate:
+                try:
+                    if pins is not None:
+                        candidate.enter_context(pinned(path))
+                    chosen = self._validate(path)
+                except (CheckpointError, OSError) as exc:
+                    self.log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
+                    continue
+                if pins is not None:
+                    pins.push(candidate.pop_all())
+                return chosen
         return None
+
+    def _validate(self, path: Path) -> Chosen:
+        """`path` as a restore would use it, once every check has passed (raises `CheckpointError`)."""
+        manifest = read_manifest(path)
+        with ThreadPoolExecutor(1) as pool:
+            verified = pool.submit(verify, path, manifest)
+            try:
+                saved, load_error = load_weights_only(member(path, TRAIN_FILE)), None
+            except CheckpointError as exc:
+                saved, load_error = None, exc
+            verified.result()
+        if load_error:
+            raise load_error
+        ranks = [load_weights_only(member(path, rank_file(r))) for r in range(manifest["world_size"])]
+        check_contents(manifest, saved, ranks)
+        self._remember_valid(path)
+        return Chosen(path, manifest, saved)
 
     def _remember_valid(self, path: Path) -> None:
         info = (path / MANIFEST).stat()
@@ -171,22 +187,25 @@ class CheckpointManager:
 
         The one pruning rule, after a save and after a restore: walking down from the
         anchor, each checkpoint that verifies is kept until `keep_last` are kept; every
-        other entry below the anchor is removed. Entries above the anchor are never
+        other entry below the anchor is removed, unless an export has it pinned (then a
+        later call removes it). Entries above the anchor are never
         touched (they failed validation, and stay for inspection) and never counted, so
         a corrupt newer directory cannot push a valid one out.
         """
-        anchor_step, kept, removed = step_of(anchor.name), 1, []
+        anchor_step, kept, removed, pinned_now = step_of(anchor.name), 1, [], []
         for step, path in self.steps():
             if anchor_step is None or step >= anchor_step:
                 continue
             if kept < self.keep_last and self._is_valid(path):
                 kept += 1
                 continue
-            remove(path)
+            if not remove_unless_pinned(path):  # an export is reading it: the next save prunes it
+                pinned_now.append(str(path))
+                continue
             self._valid.pop(path.name, None)
             removed.append(str(path))
-        if removed:
-            self.log.progress("checkpoints_pruned", paths=removed, keep_last=self.keep_last)
+        if removed or pinned_now:
+            self.log.progress("checkpoints_pruned", paths=removed, keep_last=self.keep_last, pinned=pinned_now)
     # --8<-- [end:retention]
 
     # --- a run's lifetime --------------------------------------------------------------
