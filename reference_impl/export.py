@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -34,12 +35,12 @@ def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path
     still saving into `checkpoint_dir` cannot prune it mid-read.
 
     Raises:
-        CheckpointError: `out` is a directory or inside `checkpoint_dir` (whose files belong to
-            the run that writes them), no published checkpoint is valid, or writing `out` failed
-            (nothing is left behind but what `out` held before).
+        CheckpointError: `out` is a directory, a link, a device or anything else that is not a
+            regular file, or is inside `checkpoint_dir` (whose files belong to the run that
+            writes them); no published checkpoint is valid; or writing `out` failed (nothing
+            is left behind but what `out` held before).
     """
-    if out.is_dir():
-        raise CheckpointError(f"{out} is a directory; give the file to write")
+    check_target(out)
     if out.resolve().is_relative_to(checkpoint_dir.resolve()):
         raise CheckpointError(f"{out} is inside {checkpoint_dir}; write the export elsewhere")
     with contextlib.ExitStack() as pins:
@@ -59,6 +60,27 @@ def export(checkpoint_dir: Path, out: Path, log: EventLog | None = None) -> Path
             remove(tmp)
         raise CheckpointError(f"writing {out} failed: {exc.strerror or exc}") from exc
     return path
+
+
+def check_target(out: Path) -> None:
+    """Refuse an existing `out` that is not a regular file: the rename would replace it.
+
+    `/dev/stdout` is a link and `/dev/full` a device; as root, renaming a file over
+    them replaces the system's own.
+
+    Raises:
+        CheckpointError: Naming what `out` is.
+    """
+    try:
+        mode = out.lstat().st_mode
+    except OSError:  # missing, or its parent is no directory: the write says why
+        return
+    if stat.S_ISDIR(mode):
+        raise CheckpointError(f"{out} is a directory; give the file to write")
+    if not stat.S_ISREG(mode):
+        what = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise CheckpointError(f"{out} is {what}; export replaces only a regular file")
 
 
 def choose_pinned(manager: CheckpointManager, pins: contextlib.ExitStack) -> Chosen:

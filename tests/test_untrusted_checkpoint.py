@@ -7,11 +7,13 @@ to step 10 without a traceback and without following a link.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -245,3 +247,25 @@ def test_export_racing_retention_always_exports_a_checkpoint_that_was_valid(layo
     assert len(exported) >= 3, exported
     assert torch.load(out, weights_only=True)["step"] == int(exported[-1][5:])
 
+
+def test_export_never_replaces_a_link_a_fifo_or_a_device(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`export DIR /dev/stdout` as root renamed the model file over the /dev/stdout link (and
+    `/dev/full` over the device). The same kinds of file, made here rather than in /dev: each
+    is refused in one line, exit 2, and stays what it was."""
+    target = tmp_path / "target.pt"
+    target.write_bytes(b"the link's target")
+    outs = {tmp_path / "link.pt": "a symbolic link", tmp_path / "fifo": "a FIFO"}
+    (tmp_path / "link.pt").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo")
+    with contextlib.suppress(PermissionError):  # only root may make a device node
+        os.mknod(tmp_path / "full", 0o600 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+        outs[tmp_path / "full"] = "a device"
+    kinds = {out: stat.S_IFMT(out.lstat().st_mode) for out in outs}
+    for out, what in outs.items():
+        assert export_main([str(pristine), str(out)]) == 2, out
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1] == f"reference_impl.export: error: {out} is {what}; export replaces only a regular file"
+    assert {out: stat.S_IFMT(out.lstat().st_mode) for out in outs} == kinds, "nothing was replaced"
+    assert target.read_bytes() == b"the link's target"
+    assert not list(tmp_path.glob(".*.tmp")), "no scratch file left behind"
