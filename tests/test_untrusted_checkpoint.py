@@ -269,3 +269,56 @@ def test_export_never_replaces_a_link_a_fifo_or_a_device(
     assert {out: stat.S_IFMT(out.lstat().st_mode) for out in outs} == kinds, "nothing was replaced"
     assert target.read_bytes() == b"the link's target"
     assert not list(tmp_path.glob(".*.tmp")), "no scratch file left behind"
+
+
+def rewrite(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    """Edit what `name` holds and list its new checksum: intact, but no longer fitting."""
+    def damage(step: Path) -> None:
+        saved = torch.load(step / name, weights_only=True)
+        change(saved)
+        torch.save(saved, step / name)
+        relist(step, name)
+    return damage
+
+
+def rename_parameter(saved: dict) -> None:
+    first = next(iter(saved["model"]))
+    saved["model"][f"renamed.{first}"] = saved["model"].pop(first)
+
+
+MISFITS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "renamed_parameter": (rewrite("train.pt", rename_parameter), "train.pt's model does not fit this model"),
+    "optimizer_moment_of_another_shape": (rewrite("train.pt", lambda s: s["optimizer"]["state"][0].__setitem__(
+        "exp_avg", torch.zeros(3))), "train.pt's optimizer exp_avg of parameter 0"),
+    "torch_rng_of_another_size": (rewrite("rank-00000.pt", lambda s: s["rng"].__setitem__(
+        "torch", torch.zeros(7, dtype=torch.uint8))), "rank-00000.pt's RNG state does not fit"),
+    "numpy_rng_of_another_size": (rewrite("rank-00000.pt", lambda s: s["rng"]["numpy"].__setitem__(
+        "keys", torch.zeros(3, dtype=torch.int64))), "rank-00000.pt's RNG state does not fit"),
+    "negative_progress": (rewrite("train.pt", lambda s: s["sampler"].__setitem__("consumed", -64)),
+                          "saved progress -64 is not an optimizer-step boundary"),
+    "epoch_far_ahead": (rewrite("train.pt", lambda s: s["sampler"].__setitem__("epoch", 10**6)),
+                        "saved epoch 1000000 cannot follow step 20"),
+    "scheduler_garbage": (rewrite("train.pt", lambda s: s.__setitem__("scheduler", {"last_epoch": "x"})),
+                          "train.pt's scheduler holds ['last_epoch']"),
+    "scheduler_without_rates": (rewrite("train.pt", lambda s: s["scheduler"].__setitem__("base_lrs", [])),
+                                "train.pt's scheduler.base_lrs"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(MISFITS))
+def test_intact_content_that_does_not_fit_is_a_reason_to_fall_back(case: str, pristine: Path, tmp_path: Path) -> None:
+    """Correct checksums over content this run cannot load used to end every restart in a
+    traceback (or, for a far-ahead epoch, in a silently wrong data order). Each is now checked
+    against the live objects before anything is loaded: skipped with its reason, step 10 used."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt)
+    damage, reason = MISFITS[case]
+    damage(ckpt / "step-00000020")
+    run = python_module([*FLAGS, "--max-steps", "25", "--allow-config-change", "max_steps",
+                         "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    skipped = run.of("checkpoint_skipped")
+    assert [e["path"] for e in skipped] == [str(ckpt / "step-00000020")]
+    assert reason in skipped[0]["reason"], skipped[0]["reason"]
+    assert run.of("checkpoint_restored")[0]["step"] == 10

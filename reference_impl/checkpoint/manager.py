@@ -36,6 +36,7 @@ from reference_impl.checkpoint.files import (
     step_of,
     write_private,
 )
+from reference_impl.checkpoint.fit import check_rng, same_structure
 from reference_impl.checkpoint.layouts import LAYOUTS, AsyncSaver
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.checkpoint.manifest import (
@@ -319,7 +320,7 @@ class CheckpointManager:
             if choice[0] is None:
                 return None
             path, manifest = choice[0]
-            reason = _first_reason(_loadable(state, path, manifest), ctx)
+            reason = _first_reason(_unfit(state, cfg, ctx, path, manifest, chosen.saved if chosen else None), ctx)
             if reason is None:
                 break
             if ctx.is_main:
@@ -349,13 +350,43 @@ class CheckpointManager:
     # --8<-- [end:checkpoint_restore]
 
 
-def _loadable(state: TrainState, path: Path, manifest: dict[str, Any]) -> str | None:
-    """Why this rank cannot load its part of `path`, or None when it can."""
+def _unfit(state: TrainState, cfg: TrainConfig, ctx: DistContext, path: Path, manifest: dict[str, Any],
+           saved: dict[str, Any] | None) -> str | None:
+    """Why this rank cannot load its part of `path` into `state`, or None when it can; nothing changes.
+
+    Every rank checks its read plan and its own RNG file; rank 0, which loaded train.pt
+    (`saved`) while choosing, checks that each part of it fits what it will be loaded into.
+    """
+    skip = set(cfg.resume_skip)
     try:
         LAYOUTS[manifest["layout"]].check_loadable(state, path)
+        if saved is not None:
+            check_parts(state, saved, manifest["layout"], skip)
+        if "rng" not in skip and manifest["world_size"] == ctx.world_size:
+            name = rank_file(ctx.rank)
+            check_rng(load_weights_only(member(path, name))["rng"], f"{name}'s RNG state")
     except CheckpointError as exc:
         return str(exc)
     return None
+
+
+def check_parts(state: TrainState, saved: dict[str, Any], layout: str, skip: set[str]) -> None:
+    """Each part of train.pt that a restore loads fits the live object it goes into.
+
+    Raises:
+        CheckpointError: Naming the part and where it does not fit.
+    """
+    LAYOUTS[layout].check_entries(state, saved)
+    for key, part in state.replicated_parts().items():
+        if part is None or saved[key] is None or RESUME_NAMES.get(key, key) in skip:
+            continue
+        if part is state.sampler:  # its progress must also be one this step can have
+            try:
+                state.sampler.check_state(saved[key], saved["step"])
+            except ValueError as exc:
+                raise CheckpointError(f"{TRAIN_FILE}'s sampler: {exc}") from None
+        else:
+            same_structure(saved[key], part.state_dict(), f"{TRAIN_FILE}'s {key}")
 
 
 def _first_reason(reason: str | None, ctx: DistContext) -> str | None:
