@@ -128,17 +128,50 @@ def test_checkpoints_are_never_world_writable_even_under_umask_000(layout: str, 
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("kind", ["fifo", "directory"])
-def test_a_progress_note_that_is_not_a_file_neither_hangs_nor_fails_the_run(
-        kind: str, forty: Path, tmp_path: Path) -> None:
+def users_own(kind: str, path: Path) -> None:
+    """Put something of the user's at `path`: a FIFO, a directory with a file in it, or a file."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+        (path / "notes.txt").write_text("the user's")
+    else:
+        path.write_text("the user's")
+
+
+@pytest.mark.parametrize("name,kind", [("progress.json", "fifo"), ("progress.json", "directory"),
+                                       ("progress.json", "file"), (".lock", "file")])
+def test_what_the_trainer_did_not_write_is_refused_never_deleted_or_overwritten(
+        name: str, kind: str, forty: Path, tmp_path: Path) -> None:
+    """A progress.json directory used to be deleted with its contents by the debris cleanup,
+    and a user's progress.json or .lock file overwritten. Now the run refuses the directory:
+    exit 2, one line, and everything stays as it was."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(forty, ckpt)
-    progress = ckpt / "progress.json"
-    progress.unlink()
-    os.mkfifo(progress) if kind == "fifo" else progress.mkdir()
+    (ckpt / name).unlink()
+    users_own(kind, ckpt / name)
+    (ckpt / ".tmp-step-notes").mkdir()  # a prefix of a save's temporary name, but not one
+    before = {p: stat.S_IFMT(p.lstat().st_mode) for p in ckpt.rglob("*")}
+    ours = ".lock" if name != ".lock" else None  # the lock's holder record is the trainer's to rewrite
+    contents = {k: v for k, v in files_of(ckpt).items() if k != ours}
+    run = python_module([*FLAGS, "--max-steps", "45", "--checkpoint-every", "5", "--keep-last", "3",
+                         "--allow-config-change", "max_steps", "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines() == [f"reference_impl.train: error: checkpoint_dir {ckpt} holds "
+                                               + run.stderr.split(" holds ", 1)[1].strip()]
+    assert f"{name}" in run.stderr and "this trainer did not write" in run.stderr
+    assert {p: stat.S_IFMT(p.lstat().st_mode) for p in ckpt.rglob("*")} == before
+    assert {k: v for k, v in files_of(ckpt).items() if k != ours} == contents
+
+
+def test_a_progress_note_a_crash_left_empty_is_the_trainers_own(forty: Path, tmp_path: Path) -> None:
+    """The note is written without fsync: after a power loss it may be empty, and is still ours."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(forty, ckpt)
+    (ckpt / "progress.json").write_text("")
     run = train(ckpt, 45, 5, 3, "--allow-config-change", "max_steps")
     assert run.of("checkpoint_restored")[0]["steps_replayed"] == 0
-    assert json.loads(progress.read_text()) == {"step": 45}
+    assert json.loads((ckpt / "progress.json").read_text()) == {"step": 45}
 
 
 @pytest.mark.parametrize("path", ["/proc/sample-log", "{file}/sub"])

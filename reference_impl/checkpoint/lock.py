@@ -15,6 +15,7 @@ from reference_impl.checkpoint.files import FILE_MODE, make_dir
 from reference_impl.config import ConfigError
 
 LOCK_FILE = ".lock"
+_HOLDER_CAP = 4096  # a host name and a pid
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -45,10 +46,14 @@ class DirectoryLock:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            holder = os.pread(fd, _HOLDER_CAP, 0).decode(errors="replace")
             os.close(fd)
             raise ConfigError(f"checkpoint_dir {self.path.parent} is in use by another run "
                               f"({_describe(holder)}); one run writes a directory at a time") from None
+        if not _ours(fd):  # a file of the user's that happens to be named .lock: never truncated
+            os.close(fd)
+            raise ConfigError(f"checkpoint_dir {self.path.parent} holds a {LOCK_FILE} that this trainer did not "
+                              "write; move it away or choose another directory")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode(), 0)
         self._fd = fd
@@ -82,6 +87,18 @@ class DirectoryLock:
             os.close(self._fd)  # releases the lock
             self._fd = None
 # --8<-- [end:directory_lock]
+
+
+def _ours(fd: int) -> bool:
+    """Whether the lock file holds what a holder writes: its name, or nothing yet (a holder
+    between create and write, or one whose write a crash lost)."""
+    if os.fstat(fd).st_size > _HOLDER_CAP:
+        return False
+    try:
+        info = json.loads(os.pread(fd, _HOLDER_CAP, 0) or b"{}")
+    except ValueError:
+        return False
+    return isinstance(info, dict) and set(info) <= {"host", "pid"}
 
 
 def _describe(holder: str) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +52,7 @@ from reference_impl.checkpoint.manifest import (
     verify,
 )
 from reference_impl.checkpoint.publish import TMP_PREFIX, Publication, finish_save, temporary_dir
-from reference_impl.config import TrainConfig
+from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector
 from reference_impl.metrics import EventLog
@@ -60,6 +62,10 @@ from reference_impl.step import lr_multiplier
 
 PROGRESS = "progress.json"
 _PROGRESS_CAP = 4096
+# What earlier writers of this trainer leave behind: `publish.temporary_dir`'s name for a
+# save (step, host, pid) and `record_progress`'s for a note (pid). Nothing else is debris.
+_SAVE_DEBRIS = re.compile(re.escape(TMP_PREFIX) + r"[0-9]{8}\..+\.[0-9]+", re.ASCII)
+_NOTE_DEBRIS = re.compile(re.escape(f".{PROGRESS}.") + r"[0-9]+\.tmp", re.ASCII)
 SCHEDULE_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "max_steps")  # what lr_multiplier reads
 
 
@@ -219,16 +225,25 @@ class CheckpointManager:
             yield
 
     def remove_debris(self) -> None:
-        """Delete the temporary files of earlier writers (crashed saves, progress notes), and
-        anything but a regular file where the progress note goes (it would fail every step)."""
-        if self.root.is_dir():
-            for path in self.root.iterdir():
-                if path.name.startswith(TMP_PREFIX) or (path.name.startswith(f".{PROGRESS}.")
-                                                        and path.name.endswith(".tmp")):
-                    remove(path)
-            note = self.root / PROGRESS
-            if note.is_symlink() or note.exists() and not note.is_file():
-                remove(note)
+        """Delete the temporary files of earlier writers (crashed saves, progress notes): only
+        names this trainer gives them, and only the kind it makes.
+
+        Raises:
+            ConfigError: The progress note's name holds something this trainer did not write
+                (a directory, a FIFO, a file of other content): replacing it every step would
+                destroy it, so the run refuses the directory. A link is removed, never followed.
+        """
+        for name in self._names():
+            path = self.root / name
+            if (_SAVE_DEBRIS.fullmatch(name) and path.is_dir() and not path.is_symlink()
+                    or _NOTE_DEBRIS.fullmatch(name) and path.is_file() and not path.is_symlink()):
+                remove(path)
+        note = self.root / PROGRESS
+        if note.is_symlink():
+            remove(note)  # the link goes, its target stays as it was
+        elif note.exists() and self._noted_step() is None:
+            raise ConfigError(f"checkpoint_dir {self.root} holds {PROGRESS}, which this trainer did not write "
+                              f"({_kind(note)}); move it away or choose another directory")
 
     def record_progress(self, step: int, ctx: DistContext) -> None:
         """Rank 0 notes the furthest step reached, to count the steps a restart replays.
@@ -250,11 +265,19 @@ class CheckpointManager:
 
     def steps_replayed(self, restored: int) -> int:
         """Steps between the restored one and the furthest one recorded: work a restart redoes."""
+        reached = self._noted_step()
+        return max(0, reached - restored) if reached else 0
+
+    def _noted_step(self) -> int | None:
+        """The step in the progress note; 0 for an empty one (a crash lost its unsynced write);
+        None when there is no note of ours."""
         try:
-            reached = json.loads(read_bounded(self.root / PROGRESS, _PROGRESS_CAP))["step"]
-        except (CheckpointError, ValueError, KeyError, TypeError):
-            return 0
-        return max(0, reached - restored) if type(reached) is int else 0
+            text = read_bounded(self.root / PROGRESS, _PROGRESS_CAP)
+            note = json.loads(text) if text else {"step": 0}
+        except (CheckpointError, ValueError):
+            return None
+        ours = isinstance(note, dict) and set(note) == {"step"} and type(note["step"]) is int
+        return note["step"] if ours else None
 
     # --8<-- [start:checkpoint_save]
     def save(self, state: TrainState, cfg: TrainConfig, ctx: DistContext,
@@ -414,3 +437,10 @@ def rebase_schedule(state: TrainState, cfg: TrainConfig, saved_fields: dict[str,
     for group in state.optimizer.param_groups:
         group["lr"] = new_lr
     log.progress("lr_schedule_changed", step=state.step, changed=changed, old_lr=old_lr, new_lr=new_lr)
+
+
+def _kind(path: Path) -> str:
+    """What `path` is, in a few words, for a refusal."""
+    mode = path.lstat().st_mode
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a file of other content" if stat.S_ISREG(mode) else "not a regular file")
