@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,66 @@ def test_retention_counts_only_checkpoints_that_verify(forty: Path, tmp_path: Pa
     (ckpt / "step-00000030" / "train.pt").write_bytes(b"garbage")
     manager(ckpt, keep_last=2).retain(ckpt / "step-00000040")
     assert [p.name for p in published(ckpt)] == ["step-00000040", "step-00000020"]
+
+
+def background_train(ckpt: Path, log: Path, max_steps: int, *extra: str) -> subprocess.Popen:
+    """The trainer in its own interpreter, saving every step, its output in `log`.{out,err}."""
+    cmd = [sys.executable, "-m", "reference_impl.train", *FLAGS, "--max-steps", str(max_steps),
+           "--checkpoint-every", "1", "--keep-last", "2", "--checkpoint-dir", str(ckpt), *extra]
+    with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def wait_for(process: subprocess.Popen, timeout: float) -> int | None:
+    """The exit status, or None (and the process killed) if it is still running at `timeout`."""
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
+        return None
+
+
+def first_checkpoint(ckpt: Path, holder: subprocess.Popen) -> None:
+    """Wait (generously: a loaded machine) until the holder has published a checkpoint."""
+    for _ in range(1200):
+        if published(ckpt) or holder.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert published(ckpt), "the holder published nothing"
+
+
+@pytest.mark.parametrize("removed", ["directory", "lock_file"])
+def test_a_run_whose_lock_is_deleted_stops_with_one_line_and_never_shares_the_directory(
+        removed: str, tmp_path: Path) -> None:
+    """`rm -rf` of the directory under a run, or of its .lock only: the holder used to go on,
+    recreating the directory without a lock, while a second run took a new lock and both wrote
+    (one died in retain(), one lost its in-flight save to the other's debris cleanup). Now the
+    holder compares .lock's inode with its own before every write: it stops with one line and
+    status 1 and writes nothing more; the second run owns the directory alone."""
+    ckpt = tmp_path / "ckpt"
+    holder = background_train(ckpt, tmp_path / "holder", 10**6)  # never ends by itself
+    second = None
+    try:
+        first_checkpoint(ckpt, holder)
+        if removed == "directory":
+            while ckpt.exists():  # `rm -rf` again when a save in flight added a file meanwhile
+                shutil.rmtree(ckpt, ignore_errors=True)
+        else:
+            (ckpt / ".lock").unlink()
+            second = background_train(ckpt, tmp_path / "second", 40, "--allow-config-change", "max_steps")
+        status = wait_for(holder, 90)
+        assert status == 1, f"the holder is still running or ended otherwise ({status})"
+        if removed == "directory":
+            assert not ckpt.exists(), "the holder made the deleted directory again"
+        else:
+            assert second is not None and wait_for(second, 120) == 0, (tmp_path / "second.err").read_text()[-3000:]
+            for path in published(ckpt):
+                verify(path)
+    finally:
+        for process in (holder, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(30)
+    lines = (tmp_path / "holder.err").read_text().strip().splitlines()
+    assert len(lines) == 1 and "lost its lock" in lines[0], lines[-5:]

@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
-from reference_impl.checkpoint.files import FILE_MODE, make_dir
+from reference_impl.checkpoint.files import FILE_MODE, CheckpointError, make_dir, same_file
 from reference_impl.config import ConfigError
 
 LOCK_FILE = ".lock"
@@ -36,6 +36,18 @@ class DirectoryLock:
         self.path = directory / LOCK_FILE
         self._fd: int | None = None
 
+    def check(self) -> None:
+        """Raise `CheckpointError` unless `.lock` is still the file this holder locked.
+
+        Deleting the lock file (or the whole directory) does not release a lock, it
+        orphans it: a second run creates a new `.lock`, locks that, and both would write.
+        So the holder compares the name's inode with its descriptor's before it writes.
+        """
+        if self._fd is not None and not same_file(self.path, self._fd):
+            raise CheckpointError(f"checkpoint_dir {self.path.parent} lost its lock: {LOCK_FILE} was deleted or "
+                                  "replaced while this run held it (the directory removed or moved?); stopping "
+                                  "so that no two runs write it")
+
     def __enter__(self) -> DirectoryLock:
         """Take the lock, or raise `ConfigError` naming the holder's host and pid."""
         try:
@@ -57,6 +69,7 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode(), 0)
         self._fd = fd
+        _HELD[_key(self.path.parent)] = self
         return self
 
     def _open(self) -> int:
@@ -84,9 +97,22 @@ class DirectoryLock:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._fd is not None:
+            _HELD.pop(_key(self.path.parent), None)
             os.close(self._fd)  # releases the lock
             self._fd = None
 # --8<-- [end:directory_lock]
+
+
+_HELD: dict[str, DirectoryLock] = {}  # this process's locks, by absolute directory
+
+
+def _key(directory: Path) -> str:
+    return os.path.abspath(directory)
+
+
+def held_lock(directory: Path) -> DirectoryLock | None:
+    """The lock this process holds on `directory`, if it holds one (global rank 0 of a run)."""
+    return _HELD.get(_key(directory))
 
 
 def _ours(fd: int) -> bool:

@@ -40,7 +40,7 @@ from reference_impl.checkpoint.files import (
 )
 from reference_impl.checkpoint.fit import check_rng, same_structure
 from reference_impl.checkpoint.layouts import LAYOUTS, AsyncSaver
-from reference_impl.checkpoint.lock import DirectoryLock
+from reference_impl.checkpoint.lock import DirectoryLock, held_lock
 from reference_impl.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
@@ -89,6 +89,23 @@ class CheckpointManager:
     def __init__(self, root: Path, log: EventLog, keep_last: int = 1) -> None:
         self.root, self.log, self.keep_last = root, log, keep_last
         self._valid: dict[str, tuple[int, int]] = {}  # step dir name -> its manifest's (inode, mtime)
+        self._lost: str | None = None  # why the lock is gone, once noticed
+
+    def ready_to_write(self) -> None:
+        """Check, before anything is written, that the directory is still this run's to write.
+
+        The lock holder checks that its lock is still there, and never makes the directory
+        again: the lock made it, so gone, it was deleted under the run. A process that
+        never took the lock (a test driving `train` directly) makes it when it is missing.
+
+        Raises:
+            CheckpointError: This process held the directory's lock and lost it.
+        """
+        lock = held_lock(self.root)
+        if lock is None:
+            make_dir(self.root)
+        else:
+            lock.check()
 
     # --- reading the directory ---------------------------------------------------------
 
@@ -251,11 +268,16 @@ class CheckpointManager:
         Raises:
             CheckpointError: The note cannot be written (a full disk), as for a failed save.
         """
-        if not ctx.is_main:
+        if not ctx.is_main or self._lost:
+            return
+        try:
+            self.ready_to_write()
+        except CheckpointError as exc:  # the next save stops every rank at once; write nothing till then
+            self._lost = str(exc)
+            self.log.emit("checkpoint_lock_lost", step=step, reason=self._lost)
             return
         tmp = self.root / f".{PROGRESS}.{os.getpid()}.tmp"
         try:
-            make_dir(self.root)
             write_private(tmp, json.dumps({"step": step}).encode(), durable=False)  # a hint: no fsync
             os.replace(tmp, self.root / PROGRESS)
         except OSError as exc:
@@ -298,7 +320,7 @@ class CheckpointManager:
             saver.wait()  # one save in flight at a time
         layout_name = checkpoint_layout(cfg)
         layout = LAYOUTS[layout_name]
-        tmp, final = temporary_dir(self.root, state.step, ctx), self.root / step_name(state.step)
+        tmp, final = temporary_dir(self.root, state.step, ctx, self.ready_to_write), self.root / step_name(state.step)
         own: dict[str, Any] = {rank_file(ctx.rank): {"rank": ctx.rank, "rng": rng_state()}}
         if ctx.is_main:
             own[TRAIN_FILE] = {"step": state.step,
@@ -309,7 +331,7 @@ class CheckpointManager:
                 "world_size": ctx.world_size, "mesh": state.mesh.describe(), "layout": layout_name,
                 "config_digest": cfg.digest(), "resume_fields": cfg.resume_fields(),
                 "torch_version": torch.__version__}
-        publish = Publication(tmp, final, meta, self._published, self.log, faults, t0)
+        publish = Publication(tmp, final, meta, self._published, self.log, faults, t0, self.ready_to_write)
         if layout.write(state, tmp, saver):  # the copy is taken; the write goes on in the background
             publish.blocked_s = time.perf_counter() - t0  # training resumes now
             saver.then(partial(finish_save, copy.deepcopy(own), publish, ctx, saver.group))  # type: ignore[union-attr]
