@@ -8,6 +8,7 @@ or resharded run sees exactly the data an uninterrupted one would.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -117,10 +118,27 @@ class ResumableDistributedSampler(Sampler[int]):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume progress; the world size may differ, the data and global batch may not."""
-        for key in ("seed", "num_samples", "global_batch_size"):
+        self.check_state(state)
+        self.epoch, self.consumed = state["epoch"], state["consumed"]
+
+    def check_state(self, state: Any, step: int | None = None) -> None:
+        """Raise ValueError unless `state` is progress this sampler could have saved, after
+        `step` optimizer steps when given (a checkpoint is untrusted input).
+
+        An epoch starts at a step boundary and lasts at most `steps_per_epoch` steps, so
+        after step k the epoch is k // steps_per_epoch, or one less when it just ended.
+        """
+        keys = ("epoch", "consumed", "seed", "num_samples", "global_batch_size")
+        if not isinstance(state, dict) or any(type(state.get(key)) is not int for key in keys):
+            raise ValueError(f"sampler state is not the integers {', '.join(keys)}")
+        for key in keys[2:]:
             if state[key] != getattr(self, key):
                 raise ValueError(f"sampler {key} changed: checkpoint {state[key]}, now {getattr(self, key)}")
-        if state["consumed"] % self.global_batch_size:
-            raise ValueError("saved progress is not on an optimizer-step boundary")
-        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        usable = self.steps_per_epoch * self.global_batch_size
+        if not 0 <= state["consumed"] <= usable or state["consumed"] % self.global_batch_size:
+            raise ValueError(f"saved progress {state['consumed']} is not an optimizer-step boundary in [0, {usable}]")
+        epoch = None if step is None else step // self.steps_per_epoch
+        if epoch is not None and not max(epoch - 1, 0) <= state["epoch"] <= epoch:
+            raise ValueError(f"saved epoch {state['epoch']} cannot follow step {step} "
+                             f"({self.steps_per_epoch} steps per epoch)")
 # --8<-- [end:resumable_sampler]

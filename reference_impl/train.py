@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
-from reference_impl.checkpoint import AsyncSaver, CheckpointManager, IncompatibleCheckpoint
+from reference_impl.checkpoint import AsyncSaver, CheckpointError, CheckpointManager, IncompatibleCheckpoint
 from reference_impl.checkpoint.files import make_dir
 from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
@@ -372,9 +372,9 @@ QUIET_RANK_WAIT_S = 10.0  # how long a rank that prints nothing outlives a bad c
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, train inside a process group, print `run_complete`.
 
-    Returns 2 on bad input, 1 when a non-finite loss halted the run (each printed once
-    per node, by local rank 0), and `PREEMPTED_EXIT` after SIGTERM stopped the run with a
-    checkpoint.
+    Returns 2 on bad input, 1 when a non-finite loss or a failed save halted the run (a full
+    disk, a lost directory lock; each printed once per node, by local rank 0), and
+    `PREEMPTED_EXIT` after SIGTERM stopped the run with a checkpoint.
     """
     die_with_parent()
     with ExitStack() as stack:
@@ -384,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             # The second is found at the restore when the newest checkpoint is unusable and
             # the one before it was saved by another config: the same refusal, on every rank.
             return one_line(exc, 2)
-        except NonFiniteLoss as exc:  # every rank halts on the same step; the event log has the details
+        except (NonFiniteLoss, CheckpointError) as exc:  # every rank halts on the same step (a
+            # failed or refused save is agreed by all ranks); the event log has the details
             return one_line(exc, 1)
 
 

@@ -39,7 +39,8 @@ def failed_publish(rank: int, world_size: int, port: int, out_dir: str) -> None:
             tmp.mkdir()
         dist.barrier()
         publication = FullDiskPublication(tmp, Path(out_dir, "step-00000001"), {"step": 1}, lambda final: None,
-                                          EventLog(rank, io.StringIO()), FaultInjector.disabled(), time.perf_counter())
+                                          EventLog(rank, io.StringIO()), FaultInjector.disabled(), time.perf_counter(),
+                                          lambda: None)
         started = time.perf_counter()
         try:
             finish_save({f"rank-{rank:05d}.pt": {"rank": rank}}, publication, ctx)

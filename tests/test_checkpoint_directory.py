@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,17 +129,50 @@ def test_checkpoints_are_never_world_writable_even_under_umask_000(layout: str, 
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("kind", ["fifo", "directory"])
-def test_a_progress_note_that_is_not_a_file_neither_hangs_nor_fails_the_run(
-        kind: str, forty: Path, tmp_path: Path) -> None:
+def users_own(kind: str, path: Path) -> None:
+    """Put something of the user's at `path`: a FIFO, a directory with a file in it, or a file."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+        (path / "notes.txt").write_text("the user's")
+    else:
+        path.write_text("the user's")
+
+
+@pytest.mark.parametrize("name,kind", [("progress.json", "fifo"), ("progress.json", "directory"),
+                                       ("progress.json", "file"), (".lock", "file")])
+def test_what_the_trainer_did_not_write_is_refused_never_deleted_or_overwritten(
+        name: str, kind: str, forty: Path, tmp_path: Path) -> None:
+    """A progress.json directory used to be deleted with its contents by the debris cleanup,
+    and a user's progress.json or .lock file overwritten. Now the run refuses the directory:
+    exit 2, one line, and everything stays as it was."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(forty, ckpt)
-    progress = ckpt / "progress.json"
-    progress.unlink()
-    os.mkfifo(progress) if kind == "fifo" else progress.mkdir()
+    (ckpt / name).unlink()
+    users_own(kind, ckpt / name)
+    (ckpt / ".tmp-step-notes").mkdir()  # a prefix of a save's temporary name, but not one
+    before = {p: stat.S_IFMT(p.lstat().st_mode) for p in ckpt.rglob("*")}
+    ours = ".lock" if name != ".lock" else None  # the lock's holder record is the trainer's to rewrite
+    contents = {k: v for k, v in files_of(ckpt).items() if k != ours}
+    run = python_module([*FLAGS, "--max-steps", "45", "--checkpoint-every", "5", "--keep-last", "3",
+                         "--allow-config-change", "max_steps", "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines() == [f"reference_impl.train: error: checkpoint_dir {ckpt} holds "
+                                               + run.stderr.split(" holds ", 1)[1].strip()]
+    assert f"{name}" in run.stderr and "this trainer did not write" in run.stderr
+    assert {p: stat.S_IFMT(p.lstat().st_mode) for p in ckpt.rglob("*")} == before
+    assert {k: v for k, v in files_of(ckpt).items() if k != ours} == contents
+
+
+def test_a_progress_note_a_crash_left_empty_is_the_trainers_own(forty: Path, tmp_path: Path) -> None:
+    """The note is written without fsync: after a power loss it may be empty, and is still ours."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(forty, ckpt)
+    (ckpt / "progress.json").write_text("")
     run = train(ckpt, 45, 5, 3, "--allow-config-change", "max_steps")
     assert run.of("checkpoint_restored")[0]["steps_replayed"] == 0
-    assert json.loads(progress.read_text()) == {"step": 45}
+    assert json.loads((ckpt / "progress.json").read_text()) == {"step": 45}
 
 
 @pytest.mark.parametrize("path", ["/proc/sample-log", "{file}/sub"])
@@ -159,3 +193,66 @@ def test_retention_counts_only_checkpoints_that_verify(forty: Path, tmp_path: Pa
     (ckpt / "step-00000030" / "train.pt").write_bytes(b"garbage")
     manager(ckpt, keep_last=2).retain(ckpt / "step-00000040")
     assert [p.name for p in published(ckpt)] == ["step-00000040", "step-00000020"]
+
+
+def background_train(ckpt: Path, log: Path, max_steps: int, *extra: str) -> subprocess.Popen:
+    """The trainer in its own interpreter, saving every step, its output in `log`.{out,err}."""
+    cmd = [sys.executable, "-m", "reference_impl.train", *FLAGS, "--max-steps", str(max_steps),
+           "--checkpoint-every", "1", "--keep-last", "2", "--checkpoint-dir", str(ckpt), *extra]
+    with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=err, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def wait_for(process: subprocess.Popen, timeout: float) -> int | None:
+    """The exit status, or None (and the process killed) if it is still running at `timeout`."""
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
+        return None
+
+
+def first_checkpoint(ckpt: Path, holder: subprocess.Popen) -> None:
+    """Wait (generously: a loaded machine) until the holder has published a checkpoint."""
+    for _ in range(1200):
+        if published(ckpt) or holder.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert published(ckpt), "the holder published nothing"
+
+
+@pytest.mark.parametrize("removed", ["directory", "lock_file"])
+def test_a_run_whose_lock_is_deleted_stops_with_one_line_and_never_shares_the_directory(
+        removed: str, tmp_path: Path) -> None:
+    """`rm -rf` of the directory under a run, or of its .lock only: the holder used to go on,
+    recreating the directory without a lock, while a second run took a new lock and both wrote
+    (one died in retain(), one lost its in-flight save to the other's debris cleanup). Now the
+    holder compares .lock's inode with its own before every write: it stops with one line and
+    status 1 and writes nothing more; the second run owns the directory alone."""
+    ckpt = tmp_path / "ckpt"
+    holder = background_train(ckpt, tmp_path / "holder", 10**6)  # never ends by itself
+    second = None
+    try:
+        first_checkpoint(ckpt, holder)
+        if removed == "directory":
+            while ckpt.exists():  # `rm -rf` again when a save in flight added a file meanwhile
+                shutil.rmtree(ckpt, ignore_errors=True)
+        else:
+            (ckpt / ".lock").unlink()
+            second = background_train(ckpt, tmp_path / "second", 40, "--allow-config-change", "max_steps")
+        status = wait_for(holder, 90)
+        assert status == 1, f"the holder is still running or ended otherwise ({status})"
+        if removed == "directory":
+            assert not ckpt.exists(), "the holder made the deleted directory again"
+        else:
+            assert second is not None and wait_for(second, 120) == 0, (tmp_path / "second.err").read_text()[-3000:]
+            for path in published(ckpt):
+                verify(path)
+    finally:
+        for process in (holder, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait(30)
+    lines = (tmp_path / "holder.err").read_text().strip().splitlines()
+    assert len(lines) == 1 and "lost its lock" in lines[0], lines[-5:]

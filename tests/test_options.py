@@ -27,7 +27,9 @@ OWN_ERRORS: list[tuple[type, dict[str, Any], str]] = [
     (ExpertOptions, {"n_experts": -1}, "n_experts must be >= 0"),
     (ModelOptions, {"d_model": 60, "n_heads": 8}, "n_heads (8) must divide d_model (60)"),
     (RunOptions, {"micro_batch_size": 0}, "micro_batch_size must be >= 1"),
-    (RunOptions, {"max_steps": 10**30}, f"max_steps must be at most 2**64 - 1 (got {10**30})"),
+    (RunOptions, {"max_steps": 10**30}, f"max_steps must be at most 99999999 (got {10**30})"),
+    # A ninth digit in step-NNNNNNNN: a checkpoint that is never restored and never pruned.
+    (RunOptions, {"max_steps": 10**8}, "max_steps must be at most 99999999 (got 100000000): a checkpoint is named"),
     (PrecisionOptions, {"fp16_init_scale": 0.0}, "fp16_init_scale must be a positive finite number"),
     (OptimizerOptions, {"lr": math.nan}, "lr must be a positive finite number"),
     (RuntimeOptions, {"log_every": 0}, "log_every must be >= 1"),

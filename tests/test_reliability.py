@@ -302,6 +302,7 @@ def test_progress_bookkeeping_failures_raise_the_checkpoint_error(tmp_path: Path
     (["--seed", str((2**64 - 1 - 2) // 1_000_003 + 1)], "seed must be in"),  # epoch 2 would overflow
     (["--num-workers", "1000000"], "num_workers"),
     (["--checkpoint-dir", "x" * 256], "longer than 255 bytes"),
+    (["--max-steps", str(10**8)], "max_steps must be at most 99999999"),  # step-NNNNNNNN has eight digits
 ])
 def test_out_of_range_values_exit_2_with_one_line(flags: list[str], message: str, tmp_path: Path) -> None:
     run = python_module(["--max-steps", "2", "--warmup-steps", "0", *flags], timeout=30)

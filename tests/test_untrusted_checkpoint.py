@@ -7,11 +7,15 @@ to step 10 without a traceback and without following a link.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +23,7 @@ import pytest
 import torch
 
 from launch import python_module
-from reference_impl.checkpoint import CheckpointManager
+from reference_impl.checkpoint import CheckpointError, CheckpointManager
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.export import export
 from reference_impl.export import main as export_main
@@ -210,3 +214,111 @@ def test_export_refuses_an_output_it_would_damage_and_names_a_failed_write(
     assert not list(tmp_path.rglob("*.tmp")), "no scratch file left behind"
     assert export_main([str(ckpt), str(tmp_path / "model.pt")]) == 0
     assert torch.load(tmp_path / "model.pt", weights_only=True)["step"] == 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("layout", ["torch_save", "dcp"])
+def test_export_racing_retention_always_exports_a_checkpoint_that_was_valid(layout: str, tmp_path: Path) -> None:
+    """A run saving every step under --keep-last 1 prunes the checkpoint an export has just
+    listed. Export used to read half-deleted directories: "no valid checkpoint" while one
+    existed, and under DCP a raw CheckpointException. Now it pins what it reads and lists
+    again when a newer one appeared: every export succeeds."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "model.pt"
+    extra = (["--strategy", "fsdp", "--model", "transformer", "--dataset-size", "64", "--micro-batch-size", "4"]
+             if layout == "dcp" else FLAGS[8:])
+    args = ["--max-steps", "40", "--warmup-steps", "1", "--checkpoint-every", "1", "--keep-last", "1",
+            "--log-every", "1000", "--checkpoint-dir", str(ckpt), *extra]
+    runs: list = []
+    trainer = threading.Thread(target=lambda: runs.append(python_module(args, timeout=150)))
+    trainer.start()
+    exported, failures = [], []
+    while trainer.is_alive():
+        if not list(ckpt.glob("step-*")):
+            time.sleep(0.05)
+            continue
+        try:
+            exported.append(export(ckpt, out, EventLog(0, io.StringIO())).name)
+        except CheckpointError as exc:
+            failures.append(str(exc))
+    trainer.join()
+    assert runs and runs[0].returncode == 0, runs[0].stderr[-3000:] if runs else "the trainer failed"
+    assert not failures, failures[:3]
+    assert len(exported) >= 3, exported
+    assert torch.load(out, weights_only=True)["step"] == int(exported[-1][5:])
+
+
+def test_export_never_replaces_a_link_a_fifo_or_a_device(
+        pristine: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`export DIR /dev/stdout` as root renamed the model file over the /dev/stdout link (and
+    `/dev/full` over the device). The same kinds of file, made here rather than in /dev: each
+    is refused in one line, exit 2, and stays what it was."""
+    target = tmp_path / "target.pt"
+    target.write_bytes(b"the link's target")
+    outs = {tmp_path / "link.pt": "a symbolic link", tmp_path / "fifo": "a FIFO"}
+    (tmp_path / "link.pt").symlink_to(target)
+    os.mkfifo(tmp_path / "fifo")
+    with contextlib.suppress(PermissionError):  # only root may make a device node
+        os.mknod(tmp_path / "full", 0o600 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+        outs[tmp_path / "full"] = "a device"
+    kinds = {out: stat.S_IFMT(out.lstat().st_mode) for out in outs}
+    for out, what in outs.items():
+        assert export_main([str(pristine), str(out)]) == 2, out
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines[-1] == f"reference_impl.export: error: {out} is {what}; export replaces only a regular file"
+    assert {out: stat.S_IFMT(out.lstat().st_mode) for out in outs} == kinds, "nothing was replaced"
+    assert target.read_bytes() == b"the link's target"
+    assert not list(tmp_path.glob(".*.tmp")), "no scratch file left behind"
+
+
+def rewrite(name: str, change: Callable[[dict], object]) -> Callable[[Path], None]:
+    """Edit what `name` holds and list its new checksum: intact, but no longer fitting."""
+    def damage(step: Path) -> None:
+        saved = torch.load(step / name, weights_only=True)
+        change(saved)
+        torch.save(saved, step / name)
+        relist(step, name)
+    return damage
+
+
+def rename_parameter(saved: dict) -> None:
+    first = next(iter(saved["model"]))
+    saved["model"][f"renamed.{first}"] = saved["model"].pop(first)
+
+
+MISFITS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "renamed_parameter": (rewrite("train.pt", rename_parameter), "train.pt's model does not fit this model"),
+    "optimizer_moment_of_another_shape": (rewrite("train.pt", lambda s: s["optimizer"]["state"][0].__setitem__(
+        "exp_avg", torch.zeros(3))), "train.pt's optimizer exp_avg of parameter 0"),
+    "torch_rng_of_another_size": (rewrite("rank-00000.pt", lambda s: s["rng"].__setitem__(
+        "torch", torch.zeros(7, dtype=torch.uint8))), "rank-00000.pt's RNG state does not fit"),
+    "numpy_rng_of_another_size": (rewrite("rank-00000.pt", lambda s: s["rng"]["numpy"].__setitem__(
+        "keys", torch.zeros(3, dtype=torch.int64))), "rank-00000.pt's RNG state does not fit"),
+    "negative_progress": (rewrite("train.pt", lambda s: s["sampler"].__setitem__("consumed", -64)),
+                          "saved progress -64 is not an optimizer-step boundary"),
+    "epoch_far_ahead": (rewrite("train.pt", lambda s: s["sampler"].__setitem__("epoch", 10**6)),
+                        "saved epoch 1000000 cannot follow step 20"),
+    "scheduler_garbage": (rewrite("train.pt", lambda s: s.__setitem__("scheduler", {"last_epoch": "x"})),
+                          "train.pt's scheduler holds ['last_epoch']"),
+    "scheduler_without_rates": (rewrite("train.pt", lambda s: s["scheduler"].__setitem__("base_lrs", [])),
+                                "train.pt's scheduler.base_lrs"),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(MISFITS))
+def test_intact_content_that_does_not_fit_is_a_reason_to_fall_back(case: str, pristine: Path, tmp_path: Path) -> None:
+    """Correct checksums over content this run cannot load used to end every restart in a
+    traceback (or, for a far-ahead epoch, in a silently wrong data order). Each is now checked
+    against the live objects before anything is loaded: skipped with its reason, step 10 used."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pristine, ckpt)
+    damage, reason = MISFITS[case]
+    damage(ckpt / "step-00000020")
+    run = python_module([*FLAGS, "--max-steps", "25", "--allow-config-change", "max_steps",
+                         "--checkpoint-dir", str(ckpt)], timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    skipped = run.of("checkpoint_skipped")
+    assert [e["path"] for e in skipped] == [str(ckpt / "step-00000020")]
+    assert reason in skipped[0]["reason"], skipped[0]["reason"]
+    assert run.of("checkpoint_restored")[0]["step"] == 10

@@ -6,6 +6,7 @@ The modules, each importing only those above it:
 * `integrity`: the checksums in a manifest.
 * `dcp_safe`: reading DCP metadata and shards without running code or leaving the directory.
 * `staging`: an async save's copy of host state, into buffers reused across saves.
+* `fit`: whether intact contents fit the objects a restore loads them into.
 * `layouts`: where model and optimizer state go (`torch_save`, `dcp`), and async DCP saves.
 * `manifest`: what a checkpoint must satisfy before any byte of it is used.
 * `publish`: writing files, the manifest and the atomic rename.

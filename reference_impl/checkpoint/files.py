@@ -15,10 +15,13 @@ unreachable by any other user until it is published.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -166,6 +169,66 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
     else:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def pinned(directory: Path) -> Iterator[None]:
+    """Hold a shared lock on a step directory while reading it: retention leaves it alone.
+
+    A reader outside the run (export) takes it before it reads the first byte; the
+    run's retention removes only what it can lock exclusively (`remove_unless_pinned`).
+    `flock`, not a record lock: a directory cannot be opened for writing, which a record
+    lock's exclusive side needs.
+
+    Raises:
+        CheckpointError: The directory is a link, gone, or being removed right now.
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        reason = "is a symbolic link" if os.path.islink(directory) else f"cannot be opened ({exc.strerror})"
+        raise CheckpointError(f"{directory.name} {reason}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckpointError(f"{directory.name} is being removed by retention") from None
+        # Removed (and perhaps made again) between the open and the lock: not what we hold.
+        need(same_file(directory, fd), f"{directory.name} was removed by retention")
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_unless_pinned(path: Path) -> bool:
+    """`remove(path)` unless a reader holds it `pinned`; True when it was removed.
+
+    The exclusive lock is held through the removal, so a reader that comes meanwhile
+    finds the directory being removed, never half of it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # a link or not a directory: nothing can pin it
+        remove(path)
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        remove(path)
+    finally:
+        os.close(fd)
+    return True
+
+
+def same_file(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file that `fd` holds open."""
+    try:
+        return os.path.samestat(os.lstat(path), os.fstat(fd))
+    except OSError:
+        return False
 
 
 def fsync_dir(path: Path) -> None:

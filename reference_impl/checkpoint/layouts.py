@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.checkpoint.files import CheckpointError, need
+from reference_impl.checkpoint.fit import check_model, check_optimizer
 from reference_impl.parallel import unwrap
 from reference_impl.state import TrainState
 
@@ -77,7 +78,12 @@ class CheckpointLayout(ABC):
 
     def check_loadable(self, state: TrainState, path: Path) -> None:
         """Raise `CheckpointError` if `path` cannot be loaded into `state` (every rank, before any change)."""
-        return  # whole tensors in train.pt: the config check on resume covers their shapes
+        return
+
+    def check_entries(self, state: TrainState, saved: dict[str, Any]) -> None:
+        """Raise `CheckpointError` unless this layout's entries in train.pt fit `state` (rank 0,
+        before any change); none by default."""
+        return
 
     @abstractmethod
     def load(self, state: TrainState, path: Path, saved: dict[str, Any]) -> None:
@@ -96,6 +102,11 @@ class TorchSaveLayout(CheckpointLayout):
 
     def train_entries(self, state: TrainState) -> dict[str, Any]:
         return {"model": unwrap(state.model).state_dict(), "optimizer": state.optimizer.state_dict()}
+
+    def check_entries(self, state: TrainState, saved: dict[str, Any]) -> None:
+        # Same config, other code (a renamed parameter), or an edited file with its checksum.
+        check_model(saved["model"], unwrap(state.model), "train.pt's model")
+        check_optimizer(saved["optimizer"], state.optimizer, "train.pt's optimizer")
 
     def load(self, state: TrainState, path: Path, saved: dict[str, Any]) -> None:
         unwrap(state.model).load_state_dict(saved["model"])
@@ -160,6 +171,7 @@ class DcpLayout(CheckpointLayout):
                        optim_state_dict=sharded["model_optim"]["optim"], options=_dcp_options())
 
     def full_model(self, path: Path, saved: dict[str, Any]) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         from reference_impl.checkpoint.dcp_safe import ConfinedReader, WeightsOnlyFullPlanner
@@ -167,8 +179,12 @@ class DcpLayout(CheckpointLayout):
         # Rebuilt from the metadata, every shard gathered into full tensors, as torch's own
         # dcp_to_torch_save does it (the public `dcp.load` would fill a copy of `merged`).
         merged: dict[str, Any] = {}
-        _load_state_dict(merged, storage_reader=ConfinedReader(path / DCP_DIR), planner=WeightsOnlyFullPlanner(),
-                         no_dist=True)
+        try:
+            _load_state_dict(merged, storage_reader=ConfinedReader(path / DCP_DIR),
+                             planner=WeightsOnlyFullPlanner(), no_dist=True)
+        except CheckpointException as exc:  # a BaseException: a shard gone since it was verified
+            raise CheckpointError(f"reading {DCP_DIR}/ of {path.name} failed: "
+                                  f"{str(exc).splitlines()[0][:200]}") from None
         return merged["model_optim"]["model"]
 # --8<-- [end:dcp_layout]
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import stat
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,14 +30,17 @@ from reference_impl.checkpoint.files import (
     load_weights_only,
     make_dir,
     member,
+    pinned,
     read_bounded,
     remove,
+    remove_unless_pinned,
     step_name,
     step_of,
     write_private,
 )
+from reference_impl.checkpoint.fit import check_rng, same_structure
 from reference_impl.checkpoint.layouts import LAYOUTS, AsyncSaver
-from reference_impl.checkpoint.lock import DirectoryLock
+from reference_impl.checkpoint.lock import DirectoryLock, held_lock
 from reference_impl.checkpoint.manifest import (
     FORMAT,
     MANIFEST,
@@ -47,7 +52,7 @@ from reference_impl.checkpoint.manifest import (
     verify,
 )
 from reference_impl.checkpoint.publish import TMP_PREFIX, Publication, finish_save, temporary_dir
-from reference_impl.config import TrainConfig
+from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector
 from reference_impl.metrics import EventLog
@@ -57,6 +62,10 @@ from reference_impl.step import lr_multiplier
 
 PROGRESS = "progress.json"
 _PROGRESS_CAP = 4096
+# What earlier writers of this trainer leave behind: `publish.temporary_dir`'s name for a
+# save (step, host, pid) and `record_progress`'s for a note (pid). Nothing else is debris.
+_SAVE_DEBRIS = re.compile(re.escape(TMP_PREFIX) + r"[0-9]{8}\..+\.[0-9]+", re.ASCII)
+_NOTE_DEBRIS = re.compile(re.escape(f".{PROGRESS}.") + r"[0-9]+\.tmp", re.ASCII)
 SCHEDULE_FIELDS = ("lr", "warmup_steps", "min_lr_ratio", "max_steps")  # what lr_multiplier reads
 
 
@@ -80,6 +89,23 @@ class CheckpointManager:
     def __init__(self, root: Path, log: EventLog, keep_last: int = 1) -> None:
         self.root, self.log, self.keep_last = root, log, keep_last
         self._valid: dict[str, tuple[int, int]] = {}  # step dir name -> its manifest's (inode, mtime)
+        self._lost: str | None = None  # why the lock is gone, once noticed
+
+    def ready_to_write(self) -> None:
+        """Check, before anything is written, that the directory is still this run's to write.
+
+        The lock holder checks that its lock is still there, and never makes the directory
+        again: the lock made it, so gone, it was deleted under the run. A process that
+        never took the lock (a test driving `train` directly) makes it when it is missing.
+
+        Raises:
+            CheckpointError: This process held the directory's lock and lost it.
+        """
+        lock = held_lock(self.root)
+        if lock is None:
+            make_dir(self.root)
+        else:
+            lock.check()
 
     # --- reading the directory ---------------------------------------------------------
 
@@ -113,7 +139,7 @@ class CheckpointManager:
                 continue
         return None
 
-    def choose(self, refused: frozenset[str] = frozenset()) -> Chosen | None:
+    def choose(self, refused: frozenset[str] = frozenset(), pins: ExitStack | None = None) -> Chosen | None:
         """Newest checkpoint that validates, verifies and loads safely, with its loaded train.pt.
 
         The manifest is read and shape-checked once, before any other byte. Then train.pt
@@ -123,29 +149,43 @@ class CheckpointManager:
 
         Args:
             refused: Names of step directories to pass over (refused by another rank).
+            pins: A reader outside the run (export) pins each candidate before reading it,
+                and the chosen one stays pinned until `pins` closes: the run's retention
+                cannot delete it mid-read.
         """
         self._report_misnamed()
         for _, path in self.steps():
             if path.name in refused:
                 continue
-            try:
-                manifest = read_manifest(path)
-                with ThreadPoolExecutor(1) as pool:
-                    verified = pool.submit(verify, path, manifest)
-                    try:
-                        saved, load_error = load_weights_only(member(path, TRAIN_FILE)), None
-                    except CheckpointError as exc:
-                        saved, load_error = None, exc
-                    verified.result()
-                if load_error:
-                    raise load_error
-                ranks = [load_weights_only(member(path, rank_file(r))) for r in range(manifest["world_size"])]
-                check_contents(manifest, saved, ranks)
-                self._remember_valid(path)
-                return Chosen(path, manifest, saved)
-            except (CheckpointError, OSError) as exc:
-                self.log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
+            with ExitStack() as candidate:
+                try:
+                    if pins is not None:
+                        candidate.enter_context(pinned(path))
+                    chosen = self._validate(path)
+                except (CheckpointError, OSError) as exc:
+                    self.log.emit("checkpoint_skipped", path=str(path), reason=str(exc))
+                    continue
+                if pins is not None:
+                    pins.push(candidate.pop_all())
+                return chosen
         return None
+
+    def _validate(self, path: Path) -> Chosen:
+        """`path` as a restore would use it, once every check has passed (raises `CheckpointError`)."""
+        manifest = read_manifest(path)
+        with ThreadPoolExecutor(1) as pool:
+            verified = pool.submit(verify, path, manifest)
+            try:
+                saved, load_error = load_weights_only(member(path, TRAIN_FILE)), None
+            except CheckpointError as exc:
+                saved, load_error = None, exc
+            verified.result()
+        if load_error:
+            raise load_error
+        ranks = [load_weights_only(member(path, rank_file(r))) for r in range(manifest["world_size"])]
+        check_contents(manifest, saved, ranks)
+        self._remember_valid(path)
+        return Chosen(path, manifest, saved)
 
     def _remember_valid(self, path: Path) -> None:
         info = (path / MANIFEST).stat()
@@ -171,22 +211,25 @@ class CheckpointManager:
 
         The one pruning rule, after a save and after a restore: walking down from the
         anchor, each checkpoint that verifies is kept until `keep_last` are kept; every
-        other entry below the anchor is removed. Entries above the anchor are never
+        other entry below the anchor is removed, unless an export has it pinned (then a
+        later call removes it). Entries above the anchor are never
         touched (they failed validation, and stay for inspection) and never counted, so
         a corrupt newer directory cannot push a valid one out.
         """
-        anchor_step, kept, removed = step_of(anchor.name), 1, []
+        anchor_step, kept, removed, pinned_now = step_of(anchor.name), 1, [], []
         for step, path in self.steps():
             if anchor_step is None or step >= anchor_step:
                 continue
             if kept < self.keep_last and self._is_valid(path):
                 kept += 1
                 continue
-            remove(path)
+            if not remove_unless_pinned(path):  # an export is reading it: the next save prunes it
+                pinned_now.append(str(path))
+                continue
             self._valid.pop(path.name, None)
             removed.append(str(path))
-        if removed:
-            self.log.progress("checkpoints_pruned", paths=removed, keep_last=self.keep_last)
+        if removed or pinned_now:
+            self.log.progress("checkpoints_pruned", paths=removed, keep_last=self.keep_last, pinned=pinned_now)
     # --8<-- [end:retention]
 
     # --- a run's lifetime --------------------------------------------------------------
@@ -199,16 +242,25 @@ class CheckpointManager:
             yield
 
     def remove_debris(self) -> None:
-        """Delete the temporary files of earlier writers (crashed saves, progress notes), and
-        anything but a regular file where the progress note goes (it would fail every step)."""
-        if self.root.is_dir():
-            for path in self.root.iterdir():
-                if path.name.startswith(TMP_PREFIX) or (path.name.startswith(f".{PROGRESS}.")
-                                                        and path.name.endswith(".tmp")):
-                    remove(path)
-            note = self.root / PROGRESS
-            if note.is_symlink() or note.exists() and not note.is_file():
-                remove(note)
+        """Delete the temporary files of earlier writers (crashed saves, progress notes): only
+        names this trainer gives them, and only the kind it makes.
+
+        Raises:
+            ConfigError: The progress note's name holds something this trainer did not write
+                (a directory, a FIFO, a file of other content): replacing it every step would
+                destroy it, so the run refuses the directory. A link is removed, never followed.
+        """
+        for name in self._names():
+            path = self.root / name
+            if (_SAVE_DEBRIS.fullmatch(name) and path.is_dir() and not path.is_symlink()
+                    or _NOTE_DEBRIS.fullmatch(name) and path.is_file() and not path.is_symlink()):
+                remove(path)
+        note = self.root / PROGRESS
+        if note.is_symlink():
+            remove(note)  # the link goes, its target stays as it was
+        elif note.exists() and self._noted_step() is None:
+            raise ConfigError(f"checkpoint_dir {self.root} holds {PROGRESS}, which this trainer did not write "
+                              f"({_kind(note)}); move it away or choose another directory")
 
     def record_progress(self, step: int, ctx: DistContext) -> None:
         """Rank 0 notes the furthest step reached, to count the steps a restart replays.
@@ -216,11 +268,16 @@ class CheckpointManager:
         Raises:
             CheckpointError: The note cannot be written (a full disk), as for a failed save.
         """
-        if not ctx.is_main:
+        if not ctx.is_main or self._lost:
+            return
+        try:
+            self.ready_to_write()
+        except CheckpointError as exc:  # the next save stops every rank at once; write nothing till then
+            self._lost = str(exc)
+            self.log.emit("checkpoint_lock_lost", step=step, reason=self._lost)
             return
         tmp = self.root / f".{PROGRESS}.{os.getpid()}.tmp"
         try:
-            make_dir(self.root)
             write_private(tmp, json.dumps({"step": step}).encode(), durable=False)  # a hint: no fsync
             os.replace(tmp, self.root / PROGRESS)
         except OSError as exc:
@@ -230,11 +287,19 @@ class CheckpointManager:
 
     def steps_replayed(self, restored: int) -> int:
         """Steps between the restored one and the furthest one recorded: work a restart redoes."""
+        reached = self._noted_step()
+        return max(0, reached - restored) if reached else 0
+
+    def _noted_step(self) -> int | None:
+        """The step in the progress note; 0 for an empty one (a crash lost its unsynced write);
+        None when there is no note of ours."""
         try:
-            reached = json.loads(read_bounded(self.root / PROGRESS, _PROGRESS_CAP))["step"]
-        except (CheckpointError, ValueError, KeyError, TypeError):
-            return 0
-        return max(0, reached - restored) if type(reached) is int else 0
+            text = read_bounded(self.root / PROGRESS, _PROGRESS_CAP)
+            note = json.loads(text) if text else {"step": 0}
+        except (CheckpointError, ValueError):
+            return None
+        ours = isinstance(note, dict) and set(note) == {"step"} and type(note["step"]) is int
+        return note["step"] if ours else None
 
     # --8<-- [start:checkpoint_save]
     def save(self, state: TrainState, cfg: TrainConfig, ctx: DistContext,
@@ -255,7 +320,7 @@ class CheckpointManager:
             saver.wait()  # one save in flight at a time
         layout_name = checkpoint_layout(cfg)
         layout = LAYOUTS[layout_name]
-        tmp, final = temporary_dir(self.root, state.step, ctx), self.root / step_name(state.step)
+        tmp, final = temporary_dir(self.root, state.step, ctx, self.ready_to_write), self.root / step_name(state.step)
         own: dict[str, Any] = {rank_file(ctx.rank): {"rank": ctx.rank, "rng": rng_state()}}
         if ctx.is_main:
             own[TRAIN_FILE] = {"step": state.step,
@@ -266,7 +331,7 @@ class CheckpointManager:
                 "world_size": ctx.world_size, "mesh": state.mesh.describe(), "layout": layout_name,
                 "config_digest": cfg.digest(), "resume_fields": cfg.resume_fields(),
                 "torch_version": torch.__version__}
-        publish = Publication(tmp, final, meta, self._published, self.log, faults, t0)
+        publish = Publication(tmp, final, meta, self._published, self.log, faults, t0, self.ready_to_write)
         if layout.write(state, tmp, saver):  # the copy is taken; the write goes on in the background
             publish.blocked_s = time.perf_counter() - t0  # training resumes now
             saver.then(partial(finish_save, copy.deepcopy(own), publish, ctx, saver.group))  # type: ignore[union-attr]
@@ -300,7 +365,7 @@ class CheckpointManager:
             if choice[0] is None:
                 return None
             path, manifest = choice[0]
-            reason = _first_reason(_loadable(state, path, manifest), ctx)
+            reason = _first_reason(_unfit(state, cfg, ctx, path, manifest, chosen.saved if chosen else None), ctx)
             if reason is None:
                 break
             if ctx.is_main:
@@ -330,13 +395,43 @@ class CheckpointManager:
     # --8<-- [end:checkpoint_restore]
 
 
-def _loadable(state: TrainState, path: Path, manifest: dict[str, Any]) -> str | None:
-    """Why this rank cannot load its part of `path`, or None when it can."""
+def _unfit(state: TrainState, cfg: TrainConfig, ctx: DistContext, path: Path, manifest: dict[str, Any],
+           saved: dict[str, Any] | None) -> str | None:
+    """Why this rank cannot load its part of `path` into `state`, or None when it can; nothing changes.
+
+    Every rank checks its read plan and its own RNG file; rank 0, which loaded train.pt
+    (`saved`) while choosing, checks that each part of it fits what it will be loaded into.
+    """
+    skip = set(cfg.resume_skip)
     try:
         LAYOUTS[manifest["layout"]].check_loadable(state, path)
+        if saved is not None:
+            check_parts(state, saved, manifest["layout"], skip)
+        if "rng" not in skip and manifest["world_size"] == ctx.world_size:
+            name = rank_file(ctx.rank)
+            check_rng(load_weights_only(member(path, name))["rng"], f"{name}'s RNG state")
     except CheckpointError as exc:
         return str(exc)
     return None
+
+
+def check_parts(state: TrainState, saved: dict[str, Any], layout: str, skip: set[str]) -> None:
+    """Each part of train.pt that a restore loads fits the live object it goes into.
+
+    Raises:
+        CheckpointError: Naming the part and where it does not fit.
+    """
+    LAYOUTS[layout].check_entries(state, saved)
+    for key, part in state.replicated_parts().items():
+        if part is None or saved[key] is None or RESUME_NAMES.get(key, key) in skip:
+            continue
+        if part is state.sampler:  # its progress must also be one this step can have
+            try:
+                state.sampler.check_state(saved[key], saved["step"])
+            except ValueError as exc:
+                raise CheckpointError(f"{TRAIN_FILE}'s sampler: {exc}") from None
+        else:
+            same_structure(saved[key], part.state_dict(), f"{TRAIN_FILE}'s {key}")
 
 
 def _first_reason(reason: str | None, ctx: DistContext) -> str | None:
@@ -364,3 +459,10 @@ def rebase_schedule(state: TrainState, cfg: TrainConfig, saved_fields: dict[str,
     for group in state.optimizer.param_groups:
         group["lr"] = new_lr
     log.progress("lr_schedule_changed", step=state.step, changed=changed, old_lr=old_lr, new_lr=new_lr)
+
+
+def _kind(path: Path) -> str:
+    """What `path` is, in a few words, for a refusal."""
+    mode = path.lstat().st_mode
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a file of other content" if stat.S_ISREG(mode) else "not a regular file")

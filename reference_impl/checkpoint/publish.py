@@ -41,7 +41,6 @@ from reference_impl.checkpoint.files import (
     PRIVATE_DIR_MODE,
     CheckpointError,
     fsync_dir,
-    make_dir,
     remove,
     seal,
     write_private,
@@ -131,24 +130,33 @@ def barrier(ctx: DistContext, group: dist.ProcessGroup | None = None) -> None:
         dist.barrier(group=group)
 
 
-def temporary_dir(root: Path, step: int, ctx: DistContext) -> Path:
+def temporary_dir(root: Path, step: int, ctx: DistContext, ready: Callable[[], None]) -> Path:
     """A fresh private directory for this save, named after its writer (host and pid of rank 0).
 
     Only the holder of the directory lock writes here, but a unique name still keeps two
     writers that bypass the lock (or a reused name after a crash) from sharing files.
+    Rank 0 first checks that the directory is still the run's to write (`ready`: the lock
+    is still there), and makes only the temporary directory, so a directory deleted under
+    the run is never made again by it. Its answer, a name or the error, reaches every rank,
+    and every rank raises the same `CheckpointError`.
     """
-    name = [f"{TMP_PREFIX}{step:08d}.{socket.gethostname()}.{os.getpid()}"]
+    answer: list[str | CheckpointError] = [f"{TMP_PREFIX}{step:08d}.{socket.gethostname()}.{os.getpid()}"]
     if ctx.is_main:
-        tmp = root / name[0]
-        remove(tmp)
+        tmp = root / str(answer[0])
         try:
-            make_dir(root)
-            make_dir(tmp, PRIVATE_DIR_MODE)
+            ready()
+            remove(tmp)
+            tmp.mkdir(PRIVATE_DIR_MODE)  # not its parents: the checkpoint directory exists or was deleted
+            os.chmod(tmp, PRIVATE_DIR_MODE)  # whatever the umask
+        except CheckpointError as exc:
+            answer[0] = exc
         except OSError as exc:
-            raise CheckpointError(f"creating {tmp} failed: {exc}; published checkpoints are untouched") from exc
+            answer[0] = CheckpointError(f"creating {tmp} failed: {exc}; published checkpoints are untouched")
     if ctx.distributed:
-        dist.broadcast_object_list(name, src=0)  # after rank 0 created it
-    return root / name[0]
+        dist.broadcast_object_list(answer, src=0)  # after rank 0 created it
+    if isinstance(answer[0], CheckpointError):
+        raise answer[0]
+    return root / answer[0]
 
 
 def any_rank_failed(failed: bool, ctx: DistContext, group: dist.ProcessGroup | None = None) -> bool:
@@ -208,10 +216,12 @@ def finish_save(own: dict[str, Any], publish: Publication, ctx: DistContext,
     for name, obj in own.items() if error is None else ():
         try:
             files[name] = write_file(publish.tmp / name, obj, faults.write_limit(step))
-        except OSError as exc:
+        except (OSError, CheckpointError) as exc:  # the second: the file vanished before it was hashed
             error = exc
             break
         faults.after_write(step, str(publish.tmp / name))
+    if error is not None and ctx.is_main:
+        error = publish.cause(error)
     agree_written(error, publish.tmp, step, ctx, group)
     files = gather_files(files, ctx, group)
     faults.before_publish(step)
@@ -238,27 +248,39 @@ class Publication:
         log: Where `checkpoint_saved` goes.
         faults: Fault injection (a full disk, a kill mid-write or just before the publish).
         started: `perf_counter()` at the start of the save.
+        ready: Raises `CheckpointError` if the directory is no longer the run's to write (its
+            lock was lost meanwhile).
     """
 
     def __init__(self, tmp: Path, final: Path, meta: dict[str, Any], retain: Callable[[Path], None],
-                 log: EventLog, faults: FaultInjector, started: float) -> None:
+                 log: EventLog, faults: FaultInjector, started: float, ready: Callable[[], None]) -> None:
         self.tmp, self.final, self.meta = tmp, final, meta
         self.retain, self.log, self.faults, self.started = retain, log, faults, started
+        self.ready = ready
         self.blocked_s: float | None = None  # set by an async save: how long training waited
 
     def __call__(self, files: dict[str, Any]) -> None:
         """Publish, given the manifest entries of the files the ranks wrote themselves."""
         try:
             files = self._commit(files)
+            self.retain(self.final)
         except (OSError, CheckpointError) as exc:
             remove(self.tmp)
-            raise CheckpointError(f"publishing the checkpoint of step {self.meta['step']} failed: {exc}; "
-                                  "published checkpoints are untouched") from exc
-        self.retain(self.final)
+            raise CheckpointError(f"publishing the checkpoint of step {self.meta['step']} failed: "
+                                  f"{self.cause(exc)}; published checkpoints are untouched") from exc
         extra = {} if self.blocked_s is None else {"blocked_s": round(self.blocked_s, 4)}
         self.log.emit("checkpoint_saved", step=self.meta["step"], path=str(self.final),
                       bytes=sum(f["bytes"] for f in files.values()),
                       save_s=round(time.perf_counter() - self.started, 4), **extra)
+
+    def cause(self, error: BaseException) -> BaseException:
+        """`error`, or the lost lock behind it: under a run whose directory was deleted, files
+        vanish mid-save, and which one vanished first says less than why."""
+        try:
+            self.ready()
+        except CheckpointError as lost:
+            return lost
+        return error
 
     def _commit(self, written: dict[str, Any]) -> dict[str, Any]:
         """Write the manifest and rename into place; return every file it lists."""
@@ -271,6 +293,7 @@ class Publication:
         write_private(self.tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
         seal(self.tmp)  # 0o755/0o644 from here on, whatever the umask
         fsync_dir(self.tmp)
+        self.ready()  # the write took a while: another run may own the directory by now
         # Only an invalid entry can be here (a valid one is resumed); if it is a link,
         # the link goes and its target stays.
         remove(self.final)

@@ -11,6 +11,9 @@ from reference_impl.options.base import Options, at_least, check_choices, fail, 
 # seed * SEED_STRIDE + epoch: the largest valid seed depends on how many epochs can run.
 TORCH_SEED_MAX = 2**64 - 1
 SEED_STRIDE = 1_000_003
+# A checkpoint directory is `step-` and eight digits (DESIGN.md's checkpoint contract): a
+# ninth digit would name a directory that restore never lists, so never resumes or prunes.
+MAX_STEPS = 10**8 - 1
 MAX_NUM_WORKERS = 64
 
 
@@ -35,9 +38,9 @@ class RunOptions(Options):
         """Positive counts, and a seed the sampler can still offset by every epoch."""
         at_least(self, 1, "max_steps", "micro_batch_size", "grad_accum_steps", "dataset_size")
         at_least(self, 0, "num_workers", "seed")
-        if self.max_steps > TORCH_SEED_MAX:  # or no seed at all would fit below
-            fail(f"max_steps must be at most 2**64 - 1 (got {self.max_steps}): the sampler seeds torch "
-                 f"with seed x {SEED_STRIDE} + epoch")
+        if self.max_steps > MAX_STEPS:  # also keeps every seed below within torch's 64 bits
+            fail(f"max_steps must be at most {MAX_STEPS} (got {self.max_steps}): a checkpoint is named "
+                 "step- and eight digits")
         max_seed = (TORCH_SEED_MAX - self.max_steps) // SEED_STRIDE  # an epoch takes >= 1 step
         if self.seed > max_seed:
             fail(f"seed must be in [0, {max_seed}] (got {self.seed}): the sampler seeds torch with "
