@@ -24,7 +24,7 @@ from reference_impl.model import build_model
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CASES = 250
-PLAYBOOK = "foundations/parallelism/"
+PLAYBOOK = "foundations/data-parallel/"  # the memory and ring all-reduce forms
 RUN_ALL = """
 (cases) => cases.map(([name, inputs]) => {
   try { return {result: window.handbookCalc[name](inputs)}; }

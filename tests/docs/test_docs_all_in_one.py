@@ -19,8 +19,10 @@ def test_the_all_in_one_page_has_a_toc_no_repeated_code_and_stays_small(built_si
     # A phone downloads it gzipped (119 KB when context and expert parallel joined the
     # playbook) and parses the raw HTML: both stay bounded. The evidence folds (issue 36:
     # about 120 <details class="proof"> with their list markup) added 12.6 KB raw, 440 -> 453 KB.
-    assert len(gzip.compress(page.encode())) < 130_000, f"{len(gzip.compress(page.encode()))} bytes gzipped"
-    assert len(page.encode()) < 465_000, f"{len(page.encode())} bytes"
+    # The page was at 131.1 KB gzipped, 458.5 KB raw, before the tall pages were split (issue
+    # 36); the split's nine page titles, leads and table-of-contents entries: 132.4 / 467.6 KB.
+    assert len(gzip.compress(page.encode())) < 135_000, f"{len(gzip.compress(page.encode()))} bytes gzipped"
+    assert len(page.encode()) < 475_000, f"{len(page.encode())} bytes"
     source = (support.DOCS / "reference" / "all-in-one.md").read_text(encoding="utf-8")
     included = re.findall(r'^--8<-- "(docs/[^"]+\.md)"$', source, re.M)
     toc = re.search(r'<nav aria-label="Table of contents" class="md-nav md-nav--secondary">(.*?)'
