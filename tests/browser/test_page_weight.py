@@ -139,7 +139,7 @@ def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:  # 
     problems = Problems(page)
     try:
         # The address carries a malformed fragment, which sections.js must ignore without an error.
-        page.goto(server + "foundations/parallelism/#%E0%A4%A", wait_until="load")
+        page.goto(server + "practice/notebook-walkthrough/#%E0%A4%A", wait_until="load")  # the tallest page
         page.wait_for_timeout(500)
         drawn = page.evaluate(SECTIONS)
     finally:
