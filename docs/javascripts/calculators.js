@@ -433,37 +433,30 @@
     full: {activation_checkpointing: true, selective_recompute: false}
   };
 
-  // Model shapes that fill the memory form (shown units: parameters in billions). Llama 3:
-  // Meta's model cards and params.json, untied embeddings; parameters counted from the shape
-  // as reference_impl.memory_grid.llama_params does. GPT-3: Brown et al. (2020), table 2.1.
-  // The trainer's transformer: TrainConfig's defaults, fp32 (4 + 4 + 0 + 8 bytes).
-  var LLAMA_BYTES = {gated_mlp: true, param_bytes: 2, grad_bytes: 2, master_bytes: 4, optimizer_bytes: 8,
-    compute_bytes: 2, micro_batch: 1, seq_len: 8192, vocab_size: 128256, n_kv_heads: 8};
-  function preset(base, shape) {
-    var out = {};
-    Object.keys(base).forEach(function (key) { out[key] = base[key]; });
-    Object.keys(shape).forEach(function (key) { out[key] = shape[key]; });
-    return out;
+  // The presets: a model on a cluster, with each calculator's inputs as reference_impl.calc
+  // takes them (docs/javascripts/calculator_presets.json, which tests/test_calculator_presets.py
+  // runs through the Python twins). Fetched once, beside this script; a form offers the
+  // presets that name it, in its own units.
+  var PRESETS_URL = document.currentScript ? new URL("calculator_presets.json", document.currentScript.src).href : null;
+  var presetTable = null;
+  function loadPresets() {
+    if (!presetTable) {
+      presetTable = (PRESETS_URL && window.fetch ? fetch(PRESETS_URL).then(function (response) {
+        if (!response.ok) throw new Error("calculator presets: HTTP " + response.status);
+        return response.json();
+      }) : Promise.resolve({presets: []})).then(function (table) {
+        window.handbookCalcPresets = table.presets;
+        return table.presets;
+      });
+    }
+    return presetTable;
   }
-  var PRESETS = {
-    "Llama-3 8B": preset(LLAMA_BYTES, {params: 8.030261248, hidden: 4096, n_heads: 32, n_layers: 32,
-      ffn_hidden: 14336}),
-    "Llama-3 70B": preset(LLAMA_BYTES, {params: 70.553706496, hidden: 8192, n_heads: 64, n_layers: 80,
-      ffn_hidden: 28672}),
-    "Llama-3 405B": preset(LLAMA_BYTES, {params: 405.8533888, hidden: 16384, n_heads: 128, n_layers: 126,
-      ffn_hidden: 53248}),
-    "GPT-3 175B": {params: 175, hidden: 12288, n_heads: 96, n_kv_heads: 96, n_layers: 96, ffn_hidden: 49152,
-      gated_mlp: false, vocab_size: 50257, seq_len: 2048, micro_batch: 1, param_bytes: 2, grad_bytes: 2,
-      master_bytes: 4, optimizer_bytes: 8, compute_bytes: 2},
-    "Trainer's transformer": {params: 0.000077376, hidden: 64, n_heads: 4, n_kv_heads: 4, n_layers: 2,
-      ffn_hidden: 128, gated_mlp: false, vocab_size: 64, seq_len: 32, micro_batch: 32, param_bytes: 4,
-      grad_bytes: 4, master_bytes: 0, optimizer_bytes: 8, compute_bytes: 4}
-  };
 
   // Form fields: [input key, label, kind, default shown, scale from the shown unit to the input's].
   // Kinds: "number", "check", an array of choices, or an object whose choices each set several
-  // inputs. A form may name a headline output (kept in view beside the fields), presets that
-  // fill fields, and checks that flag an implausible result instead of printing it.
+  // inputs. A form may name a headline output (kept in view beside the fields), fields folded
+  // under "More inputs" (`advanced`: shown only on request), and checks that flag an
+  // implausible result instead of printing it.
   var FORMS = {
     memory: {
       fields: [
@@ -496,7 +489,10 @@
         ["fsdp_grad_sync", "Gradient reduce-scatter (with accumulation)", GRAD_SYNCS, "last"]
       ],
       headline: "total_bytes",
-      presets: PRESETS,
+      advanced: ["stores_attention_scores", "param_bytes", "grad_bytes", "master_bytes", "optimizer_bytes",
+        "ffn_hidden", "gated_mlp", "n_kv_heads", "vocab_size", "tp_degree", "pp_degree", "cp_degree",
+        "sequence_parallel", "compute_bytes", "transients", "offload_optimizer", "grad_accum_steps",
+        "fsdp_grad_sync"],
       checks: [function (result) {
         return result.total_bytes > LARGEST_ACCELERATOR_BYTES ? {outputs: ["total_bytes"],
           message: "More than " + FORMAT.bytes(LARGEST_ACCELERATOR_BYTES) + " per GPU, the memory of the " +
@@ -667,8 +663,14 @@
     }
   };
 
-  // The presets, for the browser tests that compare them with the Python side.
-  window.handbookCalcPresets = PRESETS;
+  // How a form writes output `key` of calculator `name`, for the browser test of the presets.
+  window.handbookCalcFormat = function (name, key, value) {
+    var out = FORMS[name].outputs.filter(function (o) { return o[0] === key; })[0];
+    return FORMAT[out[2]](value);
+  };
+  // Each form's fields, for the browser test that checks a preset fills them in their units.
+  window.handbookCalcFields = {};
+  Object.keys(FORMS).forEach(function (name) { window.handbookCalcFields[name] = FORMS[name].fields; });
 
   var STYLE = [
     ".handbook-calc{border:1px solid var(--md-default-fg-color--lightest);border-radius:.2rem;",
@@ -676,6 +678,10 @@
     ".handbook-calc form{display:grid;grid-template-columns:repeat(auto-fill,minmax(11rem,1fr));",
     "gap:.4rem .8rem;margin:.6rem 0}",
     ".handbook-calc [hidden]{display:none}",
+    ".handbook-calc details.handbook-calc__more{grid-column:1/-1;margin:0}",
+    ".handbook-calc details.handbook-calc__more>summary{font-size:.64rem;cursor:pointer}",
+    ".handbook-calc .handbook-calc__more-fields{display:grid;grid-template-columns:repeat(auto-fill,minmax(11rem,1fr));",
+    "gap:.4rem .8rem;margin:.4rem 0 0}",
     ".handbook-calc label{display:flex;flex-direction:column;font-size:.64rem}",
     ".handbook-calc label.handbook-calc__check{flex-direction:row;align-items:center;gap:.3rem}",
     ".handbook-calc input,.handbook-calc select{font:inherit;font-size:.7rem;padding:.15rem .3rem;",
@@ -696,7 +702,9 @@
     ".handbook-calc__error{color:#c62828;font-weight:700}",
     ".handbook-calc__warning{color:#8a4b00;font-weight:700}",
     "[data-md-color-scheme=slate] .handbook-calc__error{color:#ff8a80}",
-    "[data-md-color-scheme=slate] .handbook-calc__warning{color:#ffcc80}"
+    "[data-md-color-scheme=slate] .handbook-calc__warning{color:#ffcc80}",
+    // The theme's link colour on the form's darker background is 4.1:1 in the dark palette.
+    "[data-md-color-scheme=slate] .handbook-calc a{color:#8fb0ff}"
   ].join("");
 
   function addStyle() {
@@ -760,16 +768,27 @@
     var form = element("form", {"aria-label": name + " calculator"});
     form.addEventListener("submit", function (event) { event.preventDefault(); });
     var presetControl = null;
-    if (spec.presets) {
+    var presets = {};
+    (window.handbookCalcPresets || []).forEach(function (preset) {
+      if (preset.inputs[name]) presets[preset.name] = preset.inputs[name];
+    });
+    if (Object.keys(presets).length) {
       var presetLabel = element("label");
       presetLabel.appendChild(document.createTextNode("Preset"));
       presetControl = element("select", {name: "preset"});
       presetControl.appendChild(element("option", {value: ""}, "Custom"));
-      Object.keys(spec.presets).forEach(function (choice) {
+      Object.keys(presets).forEach(function (choice) {
         presetControl.appendChild(element("option", {value: choice}, choice));
       });
       presetLabel.appendChild(presetControl);
       form.appendChild(presetLabel);
+    }
+    var more = null, moreFields = null;
+    if (spec.advanced) {
+      more = element("details", {"class": "handbook-calc__more"});
+      more.appendChild(element("summary", {}, "More inputs (" + spec.advanced.length + ")"));
+      moreFields = element("div", {"class": "handbook-calc__more-fields"});
+      more.appendChild(moreFields);
     }
     spec.fields.forEach(function (field) {
       var key = field[0], kind = field[2], shown = field[3];
@@ -789,8 +808,9 @@
       }
       if (kind === "check") { label.appendChild(input); label.appendChild(document.createTextNode(field[1])); }
       else { label.appendChild(document.createTextNode(field[1])); label.appendChild(input); }
-      form.appendChild(label);
+      (spec.advanced && spec.advanced.indexOf(key) >= 0 ? moreFields : form).appendChild(label);
     });
+    if (more) form.appendChild(more);
     var outputLabels = {};
     spec.outputs.forEach(function (out) { outputLabels[out[0]] = out; });
     var summary = element("div", {"class": "handbook-calc__summary"});
@@ -865,14 +885,29 @@
       }
     }
 
+    // A preset gives every input of its calculator in the calculator's units: each field shows
+    // it in the field's unit; a choice that sets several inputs is the one that matches them.
     function fill(event) {
-      var values = spec.presets[presetControl.value];
+      var values = presets[presetControl.value];
       if (!values) return;
       spec.fields.forEach(function (field) {
-        if (!(field[0] in values)) return;
-        var control = form.elements[field[0]];
-        if (field[2] === "check") control.checked = values[field[0]];
-        else control.value = String(values[field[0]]);
+        var key = field[0], kind = field[2], control = form.elements[key];
+        if (isChoice(kind) && !Array.isArray(kind)) {
+          var match = Object.keys(kind).filter(function (choice) {
+            return Object.keys(kind[choice]).every(function (input) {
+              return (values[input] === undefined ? false : values[input]) === kind[choice][input];
+            });
+          })[0];
+          if (match !== undefined) control.value = match;
+        } else if (!(key in values)) {
+          return;
+        } else if (kind === "check") {
+          control.checked = values[key];
+        } else if (Array.isArray(kind)) {
+          control.value = values[key];
+        } else {
+          control.value = String(Number((values[key] / (field[4] || 1)).toPrecision(12)));
+        }
       });
       event.stopPropagation();
       update();
@@ -892,7 +927,27 @@
 
   function renderAll() {
     addStyle();
-    Array.prototype.forEach.call(document.querySelectorAll(".handbook-calc[data-calc]"), render);
+    var hosts = document.querySelectorAll(".handbook-calc[data-calc]");
+    if (!hosts.length) return;
+    // The forms wait for the preset table (a few kilobytes, fetched once); without it they
+    // still work, with no presets.
+    loadPresets().catch(function () { return []; }).then(function (presets) {
+      Array.prototype.forEach.call(document.querySelectorAll(".handbook-calc-presets"), function (host) {
+        listPresets(host, presets);
+      });
+      Array.prototype.forEach.call(hosts, render);
+    });
+  }
+
+  // The calculators page lists what each preset assumes, from the same table.
+  function listPresets(host, presets) {
+    if (host.querySelector("dl") || !presets.length) return;
+    var list = element("dl");
+    presets.forEach(function (preset) {
+      list.appendChild(element("dt", {}, preset.name));
+      list.appendChild(element("dd", {}, preset.about));
+    });
+    host.appendChild(list);
   }
 
   // With navigation.instant, Material swaps page content without reloading scripts and

@@ -8,6 +8,7 @@ One form is then driven like a user would, in light and dark mode.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
@@ -18,13 +19,11 @@ from test_calc import BAD_INPUTS
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
 from reference_impl import calc
-from reference_impl.config import TrainConfig
-from reference_impl.model import build_model
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
 CASES = 250
-PLAYBOOK = "foundations/parallelism/"
+PLAYBOOK = "reference/calculators/"  # every form, with its presets
 RUN_ALL = """
 (cases) => cases.map(([name, inputs]) => {
   try { return {result: window.handbookCalc[name](inputs)}; }
@@ -244,6 +243,11 @@ def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa:
     assert not problems.items, "\n".join(problems.items)
 
 
+def _more_inputs(form) -> None:
+    """Unfold a form's advanced inputs, as a reader does to reach them."""
+    form.get_by_text("More inputs").click()
+
+
 def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F811
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
@@ -270,6 +274,7 @@ def test_errors_speak_the_forms_words_and_units(browser, server) -> None:  # noq
         form.get_by_label("Attention heads").fill("33")
         assert form.get_by_role("alert").inner_text() == "Hidden size (4096) must be a multiple of Attention heads (33)"
         form.get_by_label("Attention heads").fill("32")
+        _more_inputs(form)
         form.get_by_label("Gradient accumulation steps").fill("0")
         assert form.get_by_role("alert").inner_text() == "Gradient accumulation steps must be a whole number ≥ 1"
     finally:
@@ -316,7 +321,7 @@ def test_implausible_results_are_flagged_not_printed(browser, server) -> None:  
     try:
         form = page.locator('.handbook-calc[data-calc="memory"]')
         form.scroll_into_view_if_needed()  # as a reader would: text off screen is not laid out
-        form.get_by_label("Preset").select_option("Llama-3 405B")
+        form.get_by_label("Preset").select_option("Llama 3 405B on 16,384 GPUs")
         form.get_by_label("Strategy").select_option("ddp")
         assert "GB" not in _shown(form, "total_bytes")
         assert "GB" not in form.locator("output[data-headline]").inner_text()
@@ -330,6 +335,13 @@ def test_implausible_results_are_flagged_not_printed(browser, server) -> None:  
     assert not problems.items, "\n".join(problems.items)
 
 
+# The headline output's key and its text, or null for a form without one (or flagged).
+HEADLINE = """(host) => {
+  const out = host.querySelector("output[data-headline]");
+  return out && out.offsetParent ? [out.dataset.headline, out.textContent] : null;
+}"""
+# How the form writes `value` for output `key` of calculator `name` (the same formatter).
+FORMAT_ONE = """([name, key, value]) => window.handbookCalcFormat(name, key, value)"""
 FORM_INPUTS = """(host) => {
   const values = {};
   for (const el of host.querySelectorAll("input, select")) {
@@ -339,46 +351,45 @@ FORM_INPUTS = """(host) => {
 }"""
 
 
-def test_presets_fill_the_memory_form_with_the_models_shapes(browser, server) -> None:  # noqa: F811
-    from reference_impl.memory_grid import LLAMA3_70B, LLAMA3_405B, Shape, llama_params
-
-    trainer = TrainConfig(model="transformer")
-    llama = {"Llama-3 8B": Shape("Llama-3 8B", 4096, 32, 32, 8, 14336, 128256), "Llama-3 70B": LLAMA3_70B,
-             "Llama-3 405B": LLAMA3_405B}
+def test_a_preset_fills_every_form_with_its_inputs(browser, server) -> None:  # noqa: F811
+    """Each form offers the presets of docs/javascripts/calculator_presets.json that name it;
+    picking one shows each of its inputs in the field's unit (tests/test_calculator_presets.py
+    runs the same inputs through the Python twins), and the result is the Python twin's."""
+    table = json.loads((Path(__file__).resolve().parents[2] / "docs" / "javascripts" /
+                        "calculator_presets.json").read_text(encoding="utf-8"))["presets"]
     context, page, problems = _open(browser, server + PLAYBOOK)
     try:
-        presets = page.evaluate("() => window.handbookCalcPresets")
-        assert set(presets) == {*llama, "GPT-3 175B", "Trainer's transformer"}
-        for name, shape in llama.items():
-            got = presets[name]
-            assert got["params"] * 1e9 == pytest.approx(llama_params(shape), abs=1)
-            assert (got["hidden"], got["n_layers"], got["n_heads"], got["n_kv_heads"], got["ffn_hidden"],
-                    got["vocab_size"], got["gated_mlp"]) == (shape.hidden, shape.n_layers, shape.n_heads,
-                                                             shape.n_kv_heads, shape.ffn_hidden, shape.vocab_size, True)
-        own = presets["Trainer's transformer"]
-        assert own["params"] * 1e9 == pytest.approx(sum(p.numel() for p in build_model(trainer).parameters()), abs=1e-6)
-        assert (own["hidden"], own["n_layers"], own["n_heads"], own["ffn_hidden"], own["vocab_size"], own["seq_len"],
-                own["micro_batch"]) == (trainer.d_model, trainer.n_layers, trainer.n_heads, trainer.hidden_dim,
-                                        trainer.vocab_size, trainer.seq_len, trainer.micro_batch_size)
-        form = page.locator('.handbook-calc[data-calc="memory"]')
-        host = form.element_handle()
-        # A layout every preset fits in (405B without recompute does not fit anywhere).
-        form.get_by_label("Data-parallel GPUs N").fill("2048")
-        form.get_by_label("Activation recompute").select_option("full")
-        for name, values in presets.items():
-            form.get_by_label("Preset").select_option(name)
-            shown = page.evaluate(FORM_INPUTS, host)
-            for key, value in values.items():
-                assert shown[key] == value if isinstance(value, bool) else float(shown[key]) == value, (name, key)
-            words = ("strategy", "fsdp_grad_sync")
-            inputs = {key: v if isinstance(v, bool) or key in words else float(v) * (1e9 if key == "params" else 1)
-                      for key, v in shown.items() if key not in ("preset", "recompute")}
-            total = calc.memory(**inputs, activation_checkpointing=shown["recompute"] == "full",
-                                selective_recompute=shown["recompute"] == "selective")["total_bytes"]
-            text = form.locator("output[data-headline]").inner_text()
-            assert text == _shown(form, "total_bytes") and text.endswith(" GB")
-            assert float(text.split()[0].replace(",", "")) * 1e9 == pytest.approx(total, rel=5e-3), name
+        fields = page.evaluate("() => window.handbookCalcFields")
+        page.wait_for_function("() => window.handbookCalcPresets !== undefined")
+        assert {p["name"] for p in page.evaluate("() => window.handbookCalcPresets")} == {p["name"] for p in table}
+        assert page.locator(".handbook-calc-presets dt").count() == len(table)
+        for name in sorted(fields):
+            form = page.locator(f'.handbook-calc[data-calc="{name}"]')
+            form.scroll_into_view_if_needed()
+            host = form.element_handle()
+            offered = [p for p in table if name in p["inputs"]]
+            assert offered, f"{name}: no preset"
+            assert form.get_by_label("Preset").locator("option").all_inner_texts() == \
+                ["Custom"] + [p["name"] for p in offered]
+            for preset in offered:
+                inputs = preset["inputs"][name]
+                form.get_by_label("Preset").select_option(preset["name"])
+                shown = page.evaluate(FORM_INPUTS, host)
+                for key, _label, kind, _default, *scale in fields[name]:
+                    if isinstance(kind, dict):  # a choice that sets several inputs
+                        assert kind[shown[key]] == {k: inputs.get(k, False) for k in kind[shown[key]]}, (preset, key)
+                    elif kind == "check" or isinstance(kind, list):
+                        assert shown[key] == inputs[key], (preset["name"], name, key)
+                    else:
+                        assert float(shown[key]) * (scale[0] if scale else 1) == pytest.approx(inputs[key], rel=1e-9), \
+                            (preset["name"], name, key, shown[key])
+                headline = page.evaluate(HEADLINE, host)
+                if headline is not None:
+                    key, text = headline
+                    value = getattr(calc, name)(**inputs)[key]
+                    assert text == page.evaluate(FORMAT_ONE, [name, key, value]), (preset["name"], name, text)
         # Editing a field a preset set makes the form a custom one.
+        form = page.locator('.handbook-calc[data-calc="memory"]')
         form.get_by_label("Layers").fill("3")
         assert form.get_by_label("Preset").input_value() == ""
     finally:
@@ -400,6 +411,7 @@ def test_on_a_phone_the_result_stays_beside_the_edited_field(browser, server) ->
     try:
         form = page.locator('.handbook-calc[data-calc="memory"]')
         summary = form.locator(".handbook-calc__summary")
+        _more_inputs(form)
         assert form.bounding_box()["height"] > 844  # the case that needs it
         for label, value in (("Parameters (billions)", "70"), ("Layers", "80"), ("Gradient accumulation steps", "4"),
                              ("Parameters (billions)", "-1")):

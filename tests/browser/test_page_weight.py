@@ -131,7 +131,7 @@ SECTIONS = f"""() => Array.from(document.querySelectorAll('.handbook-section'),
   (s) => [({DRAWN_TEXT})(s), Math.round(s.getBoundingClientRect().top)])"""
 HEADING_OFFSET = "(id) => { const h = document.getElementById(id); " \
                  "return h.getBoundingClientRect().top - parseFloat(getComputedStyle(h).scrollMarginTop); }"
-FAR_HEADING = "in-the-reference-trainer"  # a heading two thirds down the parallelism playbook
+FAR_HEADING = "in-the-reference-trainer"  # the last heading of the parallelism playbook, half-way down
 
 
 def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:  # noqa: F811
@@ -139,7 +139,7 @@ def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:  # 
     problems = Problems(page)
     try:
         # The address carries a malformed fragment, which sections.js must ignore without an error.
-        page.goto(server + "foundations/parallelism/#%E0%A4%A", wait_until="load")
+        page.goto(server + "practice/notebook-walkthrough/#%E0%A4%A", wait_until="load")  # the tallest page
         page.wait_for_timeout(500)
         drawn = page.evaluate(SECTIONS)
     finally:

@@ -190,9 +190,11 @@ def test_search_returns_results(browser, server):
 FIRST_RESULT = "() => document.querySelector('.md-search-result__item > a')?.getAttribute('href') || ''"
 
 
-@pytest.mark.parametrize("query", ["pipeline bubble", "ZeRO"])
-def test_search_ranks_the_parallelism_playbook_first(browser, server, query: str):
-    """The playbook, not a page that merely says "pipelines" or "zero", answers these terms."""
+@pytest.mark.parametrize(("query", "answer"), [("pipeline bubble", "foundations/tensor-pipeline"),
+                                               ("ZeRO", "foundations/data-parallel")])
+def test_search_ranks_the_parallelism_page_that_answers_first(browser, server, query: str, answer: str):
+    """The parallelism page that answers these terms ranks first, not a page that merely
+    says "pipelines" or "zero"."""
     context, page = _new_page(browser)
     problems = Problems(page)
     try:
@@ -203,7 +205,7 @@ def test_search_ranks_the_parallelism_playbook_first(browser, server, query: str
         search.press("End")  # Material searches on key-up: one search, for the whole query
         page.wait_for_selector(".md-search-result__item", timeout=20_000)
         first = page.evaluate(FIRST_RESULT)
-        assert urlparse(first).path.rstrip("/").endswith("foundations/parallelism"), first
+        assert urlparse(first).path.rstrip("/").endswith(answer), first
     finally:
         context.close()
     assert not problems.items, "\n".join(problems.items)
@@ -263,15 +265,23 @@ OVERFLOWING_TABLES = """
 """
 
 
+PARALLELISM_PAGES = ("foundations/parallelism/", "foundations/data-parallel/", "foundations/tensor-pipeline/",
+                     "foundations/context-parallel/", "foundations/expert-parallel/")
+
+
 def test_the_parallelism_pages_tables_fit_their_column_at_desktop_width(browser, server):
-    """The 70B plan's mesh tables and every other table on the playbook fit the 720 px
-    content column of a 1280 px window without scrolling sideways."""
+    """The 70B plan's mesh tables and every other table on the playbook and its four
+    parallelism pages fit the 720 px content column of a 1280 px window without scrolling
+    sideways."""
     context, page = _new_page(browser)
     problems = Problems(page)
+    overflowing = []
     try:
-        page.goto(server + "foundations/parallelism/", wait_until="load")
-        column = page.evaluate("() => document.querySelector('.md-typeset__scrollwrap').clientWidth")
-        overflowing = page.evaluate(OVERFLOWING_TABLES)
+        for path in PARALLELISM_PAGES:
+            page.goto(server + path, wait_until="load")
+            if path == PARALLELISM_PAGES[0]:
+                column = page.evaluate("() => document.querySelector('.md-typeset__scrollwrap').clientWidth")
+            overflowing += page.evaluate(OVERFLOWING_TABLES)
     finally:
         context.close()
     assert 680 <= column <= 760, f"content column {column} px at 1280 px: the check's premise changed"

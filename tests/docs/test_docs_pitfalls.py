@@ -1,4 +1,4 @@
-"""Every runnable block of the Pitfalls page, pasted alone, shows its failure and its fix.
+"""Every runnable block of the two Pitfalls pages, pasted alone, shows its failure and its fix.
 
 Each pitfall's untitled python block is expanded as the site expands it and run as the
 site's standalone test runs every block (tests/docs/test_docs_standalone.py): in a fork of a
@@ -25,7 +25,7 @@ from test_docs_standalone import Outcome, run_forked
 
 pytestmark = pytest.mark.docs
 
-PAGE = support.DOCS / "practice" / "pitfalls.md"
+PAGES = [support.DOCS / "practice" / "pitfalls.md", support.DOCS / "practice" / "pitfalls-training-step.md"]
 LIMIT_S = 60.0  # generous: the page's promise is 20 s, the measured times are printed
 
 # Per pitfall, the printed line and what its groups must satisfy: the naive and the fixed
@@ -59,19 +59,20 @@ EXPECTED: dict[int, tuple[str, object]] = {
 
 
 def pitfall_blocks() -> dict[int, str]:
-    """Each pitfall's runnable block, expanded, keyed by its number on the page."""
+    """Each pitfall's runnable block, expanded, keyed by its number on its page."""
     blocks: dict[int, str] = {}
-    headings = [(m.start(), int(m[1])) for m in re.finditer(r"(?m)^## (\d+)\. ", PAGE.read_text(encoding="utf-8"))]
-    offsets = [0]
-    for line in PAGE.read_text(encoding="utf-8").splitlines(keepends=True):
-        offsets.append(offsets[-1] + len(line))
-    for block in support.blocks_in(PAGE):
-        if block.lang != "python" or block.title:
-            continue
-        at = offsets[block.lineno - 1]
-        number = max((n for start, n in headings if start <= at), default=None)
-        assert number is not None and number not in blocks, f"{block.id}: one runnable block per pitfall"
-        blocks[number] = support.expand_snippets(block.code)
+    for page in PAGES:
+        headings = [(m.start(), int(m[1])) for m in re.finditer(r"(?m)^## (\d+)\. ", page.read_text(encoding="utf-8"))]
+        offsets = [0]
+        for line in page.read_text(encoding="utf-8").splitlines(keepends=True):
+            offsets.append(offsets[-1] + len(line))
+        for block in support.blocks_in(page):
+            if block.lang != "python" or block.title:
+                continue
+            at = offsets[block.lineno - 1]
+            number = max((n for start, n in headings if start <= at), default=None)
+            assert number is not None and number not in blocks, f"{block.id}: one runnable block per pitfall"
+            blocks[number] = support.expand_snippets(block.code)
     return blocks
 
 
@@ -108,7 +109,7 @@ def test_every_pitfall_block_shows_its_failure_and_fix_when_pasted() -> None:
 
 def test_every_pitfall_shows_one_runnable_block_and_what_it_prints() -> None:
     """Each runnable block is followed by the line it prints, in the form the test checks."""
-    text = PAGE.read_text(encoding="utf-8")
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
     shown = re.findall(r"Prints, on a CPU:\n\n\s*```text\n[^`]*?(naive: [^\n]*)\n", text)
     assert len(shown) == len(EXPECTED) == len(pitfall_blocks()), f"{len(shown)} printed lines shown"
     for number, line in enumerate(shown, 1):

@@ -24,7 +24,7 @@ import plots  # noqa: E402
 
 DATA = support.DOCS / "data"
 PAGES = {"reliability/checkpointing.md": ("resume", "async_checkpoint"), "reliability/performance.md": ("phases",),
-         "foundations/parallelism.md": ("memory", "allreduce", "pipeline")}
+         "foundations/data-parallel.md": ("memory", "allreduce"), "foundations/tensor-pipeline.md": ("pipeline",)}
 IMG = re.compile(r'<img [^>]*src="(?P<src>[^"]*plots/(?P<name>\w+)\.svg)"')
 STYLE = re.compile(r'style="(?P<style>[^"]*)"')
 
@@ -105,7 +105,7 @@ def test_memory_plot_counts_gb_as_the_page_does_and_names_its_shapes() -> None:
     assert (seventy["hidden"], seventy["n_layers"], seventy["n_heads"]) == (8192, 80, 64)  # Llama-2-70B
     assert "Llama-2-70B" in ax.get_xlabel() and "Llama-2-70B" in plots.PLOTS["memory"][2]
     assert "GPT-3 shapes" not in ax.get_xlabel()
-    assert "80 GB GPU" in (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+    assert "80 GB GPU" in (support.DOCS / "foundations" / "data-parallel.md").read_text(encoding="utf-8")
 
 
 def test_allreduce_formula_is_calc_ring_allreduce() -> None:
@@ -147,7 +147,7 @@ def test_every_plot_is_on_its_page_as_a_valid_svg(built_site: Path) -> None:
             rec = record(name)
             assert rec["date"] in caption and f"<code>{rec['command']}</code>" in caption
             assert rec["device"] in caption.replace("&amp;", "&")
-    memory_caption = (built_site / "foundations/parallelism/index.html").read_text(encoding="utf-8")
+    memory_caption = (built_site / "foundations/data-parallel/index.html").read_text(encoding="utf-8")
     assert "Computed, not measured: <code>reference_impl.calc.memory</code>" in memory_caption
 
 

@@ -117,7 +117,7 @@ class _LooseText(HTMLParser):
             self.loose.append(data.strip())
 
 
-@pytest.mark.parametrize("page", ["foundations/parallelism/", "reference/all-in-one/", "practice/timed-drills/",
+@pytest.mark.parametrize("page", ["foundations/parallelism/", "foundations/data-parallel/", "reference/all-in-one/", "practice/timed-drills/",
                                   "biotech/molecular-data-pipelines/", "api/bench/", "interview/cheatsheet/"])
 def test_a_long_pages_text_is_all_in_headings_and_section_blocks(built_site: Path, page: str) -> None:
     html = (built_site / page / "index.html").read_text(encoding="utf-8")

@@ -19,8 +19,9 @@ interpreter per block instead, for the same verdicts. A block passes:
 * as a package example: it says what it needs in its own text, an `import reference_impl...`
   statement, fails only because that import fails, and its page shows the install line once.
 
-The notebook walkthrough's blocks are cells of one notebook: they run concatenated, in page
-order, in ONE fresh interpreter instead (test_the_notebook_walkthrough_runs_as_one_chain).
+The interview core's blocks and the notebook walkthrough's are cells of one notebook each:
+each page's blocks run concatenated, in page order, in ONE fresh interpreter instead
+(test_the_notebook_pages_run_as_one_chain_each).
 
 Run only this test with:  pytest tests/docs/test_docs_standalone.py -s   (-s prints the counts)
 """
@@ -50,7 +51,8 @@ pytestmark = pytest.mark.docs
 TESTS = Path(__file__).resolve().parents[1]  # where without_package.py, the package hider, lives
 sys.path.insert(0, str(TESTS))
 from without_package import HIDDEN as HIDDEN_MARK  # noqa: E402
-CHAIN_PAGE = "practice/notebook-walkthrough/index.html"  # cells of one notebook, run as one chain
+# Pages whose cells form one notebook each, run as one chain per page.
+CHAIN_PAGES = ("practice/interview-core/index.html", "practice/notebook-walkthrough/index.html")
 PARALLEL = 2  # blocks run at a time (the test machines have two cores)
 BLOCK_TIMEOUT = 60  # seconds per block
 CHAIN_TIMEOUT = 240
@@ -340,8 +342,8 @@ def site_blocks(built_site: Path) -> list[SiteBlock]:
 
 @pytest.mark.slow
 def test_every_python_block_runs_where_it_is_pasted_or_says_what_it_needs(site_blocks: list[SiteBlock]) -> None:
-    singles = [b for b in site_blocks if b.page != CHAIN_PAGE]
-    chain = [b for b in site_blocks if b.page == CHAIN_PAGE]
+    singles = [b for b in site_blocks if b.page not in CHAIN_PAGES]
+    chain = [b for b in site_blocks if b.page in CHAIN_PAGES]
     started = time.perf_counter()
     outcomes = run_all(singles)
     wall = time.perf_counter() - started
@@ -367,7 +369,7 @@ def test_every_python_block_runs_where_it_is_pasted_or_says_what_it_needs(site_b
         else:
             excerpts.append((block, why))
 
-    print(f"\npython blocks on the site: {len(site_blocks)} ({len(chain)} on {CHAIN_PAGE}, run as one chain); "
+    print(f"\npython blocks on the site: {len(site_blocks)} ({len(chain)} on {', '.join(CHAIN_PAGES)}, run as one chain each); "
           f"of the other {len(singles)}: {len(standalone)} run standalone, {len(excerpts)} labelled excerpts, "
           f"{len(examples)} package examples, {len(failures)} failing; "
           f"{wall:.1f} s for {len(singles)} blocks, {PARALLEL} at a time")
@@ -384,14 +386,15 @@ def test_every_python_block_runs_where_it_is_pasted_or_says_what_it_needs(site_b
         "include the module's `imports` section before its code instead of labelling it")
 
 
-def test_the_notebook_walkthrough_runs_as_one_chain(site_blocks: list[SiteBlock]) -> None:
-    cells = [b for b in site_blocks if b.page == CHAIN_PAGE]
-    assert cells, f"no python blocks on {CHAIN_PAGE}"
+@pytest.mark.parametrize("chain_page", CHAIN_PAGES)
+def test_the_notebook_pages_run_as_one_chain_each(site_blocks: list[SiteBlock], chain_page: str) -> None:
+    cells = [b for b in site_blocks if b.page == chain_page]
+    assert cells, f"no python blocks on {chain_page}"
     code = "\n\n".join(b.code for b in cells)
     missing = undefined_names(code)
     assert not missing, f"the walkthrough's cells use {missing} without defining or importing them"
-    outcome = run_fresh(code, f"{CHAIN_PAGE} (all {len(cells)} cells)", CHAIN_TIMEOUT)
-    print(f"\n{CHAIN_PAGE}: {len(cells)} cells in one fresh interpreter, {outcome.seconds:.1f} s")
+    outcome = run_fresh(code, f"{chain_page} (all {len(cells)} cells)", CHAIN_TIMEOUT)
+    print(f"\n{chain_page}: {len(cells)} cells in one fresh interpreter, {outcome.seconds:.1f} s")
     assert outcome.returncode == 0, (f"the walkthrough's {len(cells)} cells, run top to bottom in a blank "
                                      f"interpreter, fail:\n{outcome.output[-4000:]}")
 

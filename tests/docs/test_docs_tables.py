@@ -136,7 +136,7 @@ def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(na
         assert predict(config)["total_bytes"] == pytest.approx(r["calculator"]["total_bytes"], rel=1e-12), r["config"]
         if r["config"] in KNOWN_MISSES:
             assert f"{-r['error']:.1%} low" == KNOWN_MISSES[r["config"]], r["config"]
-            page = (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+            page = (support.DOCS / "foundations" / "data-parallel.md").read_text(encoding="utf-8")
             assert KNOWN_MISSES[r["config"]] in " ".join(page.split()), "the page states the miss"
         else:
             assert abs(r["error"]) <= 0.05, r["config"]
@@ -157,7 +157,7 @@ def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
     assert rows == [[{"gpipe": "GPipe", "1f1b": "1F1B"}[c["schedule"]], str(c["microbatches"]), f"{c['step_s']:.3f}",
                      f"{c['busy_s']:.3f}", f"{c['measured_idle']:.3f}", f"{c['formula_idle']:.3f}"] for c in cases]
     assert f"{record['date']}, commit {record['commit']}" in _computed_tables()["pipeline_bubble"]
-    page = (support.DOCS / "foundations" / "parallelism.md").read_text(encoding="utf-8")
+    page = (support.DOCS / "foundations" / "tensor-pipeline.md").read_text(encoding="utf-8")
     table_at, plot_at = page.index("<!-- table: pipeline_bubble -->"), page.index("<!-- plot: pipeline -->")
     assert 0 < plot_at - table_at < 1200, "the table and the plot stand together"
     idle = {(c["schedule"], c["microbatches"]): c["measured_idle"] for c in cases}
