@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from reference_impl.checkpoint import AsyncSaver, CheckpointManager, IncompatibleCheckpoint
 from reference_impl.checkpoint.files import make_dir
 from reference_impl.checkpoint.manifest import check_compatible
+from reference_impl.checkpoint.publish import DirectoryNotShared
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             # The second is found at the restore when the newest checkpoint is unusable and
             # the one before it was saved by another config: the same refusal, on every rank.
             return one_line(exc, 2)
-        except NonFiniteLoss as exc:  # every rank halts on the same step; the event log has the details
+        except (NonFiniteLoss, DirectoryNotShared) as exc:  # on every rank; the event log has the details
             return one_line(exc, 1)
 
 
