@@ -193,7 +193,8 @@ class Preemption:
             read_end, write_end, previous = self._wakeup
             signal.set_wakeup_fd(previous)
             _WAKEUP_FDS.pop(write_end, None)
-            os.write(write_end, b"\0")  # ends the watcher, which closes its read end
+            with suppress(OSError):  # a watcher that already ended has closed the read end
+                os.write(write_end, b"\0")  # ends the watcher, which closes its read end
             os.close(write_end)
             self._wakeup = None
         if self._previous is not None:
