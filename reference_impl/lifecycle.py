@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import suppress
 from types import FrameType, TracebackType
 
 import torch
@@ -125,6 +126,21 @@ def _sigterm_from_rank_only(rank: int) -> None:
     signal.raise_signal(signal.SIGTERM)  # die of it, as a worker without the filter would
 
 
+_WAKEUP_FDS: dict[int, int] = {}  # write end this process set as its wakeup fd -> the one it replaced
+
+
+def _forget_wakeup_fd() -> None:
+    """In a forked child: a signal here must not write into the parent's watcher pipe."""
+    with suppress(ValueError):  # not the main thread: the fd is not ours to change
+        current = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(_WAKEUP_FDS.get(current, current))
+    _WAKEUP_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_wakeup_fd)
+
+
 # --8<-- [start:preemption]
 AGREE_AT_LEAST_EVERY = 10  # steps: bounds the work done after a signal on fast steps
 
@@ -144,7 +160,11 @@ class Preemption:
     the grace period and a few steps of the signal. The flag travels on a gloo
     group (the default one when it is gloo), so the check never synchronizes a GPU. If
     the stop has not finished within `grace_s` of the signal, the process exits with
-    status 1 instead.
+    status 1 instead, even from inside a collective that never returns: Python runs a
+    signal's handler only on the main thread, between bytecodes, so a rank blocked in
+    gloo would not run it until the collective timed out (minutes later). The grace
+    clock therefore starts from a thread that reads the signal's byte from the
+    interpreter's wakeup fd, which the C-level handler writes at once.
     """
 
     def __init__(self, grace_s: float, ctx: DistContext, log: EventLog) -> None:
@@ -153,7 +173,9 @@ class Preemption:
         self.agreements = 0  # all-reduces started
         self._group = dist.new_group(backend="gloo") if ctx.distributed and ctx.backend != "gloo" else None
         self._timer: threading.Timer | None = None
+        self._grace_once = threading.Lock()  # taken once, by the first to see the signal; never released
         self._previous: object = None
+        self._wakeup: tuple[int, int, int] | None = None  # read end, write end, the previous wakeup fd
         self._pid = os.getpid()
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
         self._next_agreement = 1  # the step boundary that starts the next all-reduce
@@ -162,10 +184,19 @@ class Preemption:
     def __enter__(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():  # only it may set handlers
             self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._watch_wakeup_fd()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._wakeup:
+            read_end, write_end, previous = self._wakeup
+            signal.set_wakeup_fd(previous)
+            _WAKEUP_FDS.pop(write_end, None)
+            with suppress(OSError):  # a watcher that already ended has closed the read end
+                os.write(write_end, b"\0")  # ends the watcher, which closes its read end
+            os.close(write_end)
+            self._wakeup = None
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
         if self._timer:
@@ -176,13 +207,46 @@ class Preemption:
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         # A forked DataLoader worker runs this inherited handler if a SIGTERM comes before
         # the DataLoader replaces it; a grace timer started there would kill the worker.
-        if self.requested or os.getpid() != self._pid:
-            return
+        if os.getpid() == self._pid:
+            self._start_grace()
+
+    def _start_grace(self) -> None:
+        """Request the stop and start the grace clock, once: from the handler or the watcher."""
         self.requested = True
+        if not self._grace_once.acquire(blocking=False):
+            return
         self.log.emit("sigterm_received", grace_s=self.grace_s)
         self._timer = threading.Timer(self.grace_s, self._expire)
         self._timer.daemon = True
         self._timer.start()
+
+    def _watch_wakeup_fd(self) -> None:
+        """Start the grace clock from a thread when SIGTERM arrives, whatever the main thread does.
+
+        The interpreter's C-level handler writes each signal's number to the wakeup fd as
+        the signal arrives; the Python handler waits for the main thread. A forked child
+        inherits the pipe, so it drops the wakeup fd at once (`_forget_wakeup_fd`): its own
+        signals must not start its parent's clock. A wakeup fd set by someone else (an
+        asyncio loop) still gets every byte.
+        """
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)  # the C handler must never block on it
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        self._wakeup = (read_end, write_end, previous)
+        _WAKEUP_FDS[write_end] = previous
+        threading.Thread(target=self._watch, args=(read_end, previous), name="preemption-grace",
+                         daemon=True).start()
+
+    def _watch(self, read_end: int, previous: int) -> None:
+        try:
+            while (data := os.read(read_end, 64)) and b"\0" not in data:
+                if previous >= 0:
+                    with suppress(OSError):
+                        os.write(previous, data)
+                if signal.SIGTERM in data:
+                    self._start_grace()
+        finally:
+            os.close(read_end)
 
     def _expire(self) -> None:
         self.log.emit("error", phase="preemption", error="PreemptionTimeout",

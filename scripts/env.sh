@@ -4,7 +4,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
+# One line on stderr before each step that takes a while, named after the script that runs it.
+say() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 if [ ! -x "$PY" ]; then
+  say "creating the virtual environment $VENV"
   python3 -m venv "$VENV"
 fi
 # pip runs only when pyproject.toml or constraints.txt changed since the last install, or an
@@ -24,6 +27,7 @@ done
 # uv into the venv, then the torch wheel `$1` and the extras `$2`, bytecode compiled (this
 # environment sets PYTHONDONTWRITEBYTECODE, so nothing would compile it later).
 uv_install() {
+  say "installing uv, then torch ($(basename "$1")) and the extras $2 with it (1-2 minutes the first time on 2 cores)"
   "$PY" -m pip install --quiet --disable-pip-version-check uv==0.13.9 2>&1 \
     | { grep -v "is neither a file nor a directory" || true; } &&
   "$VENV/bin/uv" pip install --quiet --python "$PY" --compile-bytecode \
@@ -41,10 +45,12 @@ if [ -n "$missing" ]; then
   wheel="$(ls "$links"/torch-2.13.0*-cp"$("$PY" -c 'import sys; print("%d%d" % sys.version_info[:2])')"-*.whl \
     2>/dev/null | head -n 1 || true)"
   if [ -z "$wheel" ] || ! uv_install "$wheel" "$wanted"; then
+    say "installing torch 2.13.0 and the extras $wanted with pip (slower than uv: it downloads torch)"
     "$PY" -m pip install --quiet --disable-pip-version-check \
       -c "$ROOT/constraints.txt" torch==2.13.0 -e "$ROOT[${wanted}]" 2>&1 \
       | { grep -v "is neither a file nor a directory" || true; }
   fi
+  say "checking that torch and reference_impl import"
   "$PY" -c "import torch, reference_impl" >/dev/null
   printf '%s\n' "$HASH" ${wanted//,/ } >"$STAMP"
 fi

@@ -3,4 +3,5 @@
 EXTRAS=docs
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
+say "building the handbook, then serving it on http://127.0.0.1:8000 (Ctrl-C stops)"
 exec "$VENV/bin/mkdocs" serve --dev-addr 127.0.0.1:8000 "$@"

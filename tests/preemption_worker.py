@@ -49,3 +49,22 @@ def signalled_ranks(rank: int, world_size: int, port: int, out_dir: str) -> None
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(answers))
     finally:
         dist.destroy_process_group()
+
+
+BLOCKED_GRACE_S = 2.0
+
+
+def blocked_in_a_collective(rank: int, port: int, out_dir: str) -> None:
+    """One rank of two: rank 0 enters `Preemption(BLOCKED_GRACE_S)` and an all-reduce that
+    rank 1 never joins; the group's timeout (600 s) is far beyond any grace. Rank 1 sleeps.
+    The test sends rank 0 SIGTERM and times its exit; its events go to `rank0.jsonl`."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=600))
+    if rank == 1:
+        time.sleep(600)  # never joins the collective; the test kills it
+        os._exit(0)
+    ctx = DistContext(0, 0, 2, torch.device("cpu"), "gloo")
+    with Path(out_dir, "rank0.jsonl").open("w") as events, Preemption(BLOCKED_GRACE_S, ctx, EventLog(0, events)):
+        Path(out_dir, "blocked").write_text("")
+        dist.all_reduce(torch.ones(1))  # blocks until the group's timeout: rank 1 is asleep
+    os._exit(0)  # the collective returned: not what the test expects

@@ -214,6 +214,17 @@ def test_checkpoint_bench_reports_each_size_against_raw_torch_save_and_a_restart
     assert result["raw_save_fsync"] is False
 
 
+@pytest.mark.slow
+def test_checkpoint_bench_ends_with_its_json_line_without_torchruns_shared_store() -> None:
+    """With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun's agent serves no store and rank 0
+    hosts one: the restart floor's script was a client of a store nobody served, with no
+    bound on the wait, and the benchmark did not end within 15 minutes."""
+    run = launch.python_module(["checkpoint", "--rounds", "1", "--hidden-dims", "16"], timeout=300,
+                               module="reference_impl.bench", env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    result = last_json(run, "checkpoint")
+    assert result["recovery_s"] > 0 and result["recovery_floor_s"] > 0 and result["recovery_floor_ratio"] > 0
+
+
 ASYNC_FLAGS = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--hidden-dim", "64"]
 
 

@@ -261,6 +261,41 @@ def test_a_sigterm_on_one_rank_stops_every_rank_after_the_same_step_without_a_co
             assert worker.SIGNAL_AT <= first["stopped_at"] <= bound, first
 
 
+def test_sigterm_to_a_rank_blocked_in_a_collective_ends_it_within_the_grace_period(tmp_path: Path) -> None:
+    """The grace period holds while the main thread sits in a gloo collective whose peer
+    never joins: Python would run the SIGTERM handler (and start the grace clock) only once
+    the collective returned, at the group's timeout (600 s here). The clock starts from a
+    thread reading the interpreter's wakeup fd, so the rank exits with status 1 and the
+    grace error soon after the grace period. Generous margin: a loaded 2-core machine."""
+    context = multiprocessing.get_context("spawn")  # a clean interpreter: no signal state from pytest
+    port = free_port()
+    ranks = [context.Process(target=preemption_worker.blocked_in_a_collective, args=(rank, port, str(tmp_path)),
+                             daemon=True) for rank in (0, 1)]
+    for rank in ranks:
+        rank.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "blocked").exists() and time.monotonic() < deadline:
+            assert ranks[0].exitcode is None, f"rank 0 exited with {ranks[0].exitcode} before blocking"
+            time.sleep(0.1)
+        assert (tmp_path / "blocked").exists(), "rank 0 never reached the collective"
+        time.sleep(1.0)  # well inside the all-reduce
+        signalled = time.monotonic()
+        os.kill(ranks[0].pid, signal.SIGTERM)
+        bound = preemption_worker.BLOCKED_GRACE_S + 30  # far below the group's 600 s timeout
+        ranks[0].join(bound)
+        waited = time.monotonic() - signalled
+        assert ranks[0].exitcode == 1, f"rank 0 still blocked {waited:.0f}s after SIGTERM (exit {ranks[0].exitcode})"
+        assert waited >= preemption_worker.BLOCKED_GRACE_S * 0.9, f"exited after {waited:.2f}s, before the grace"
+        events = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events] == ["sigterm_received", "error"], events
+        assert events[1]["error"] == "PreemptionTimeout" and "grace" in events[1]["message"]
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.join(10)
+
+
 # Item 6: the sample log on a restart before the first checkpoint.
 
 def test_the_sample_log_is_exact_after_a_restart_before_the_first_checkpoint(tmp_path: Path) -> None:

@@ -57,15 +57,18 @@ def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, roun
         `sync`, `blocked` (async, until `CheckpointManager.save` returned), `staged`,
         `async_total` and `floor` seconds, one value per round.
     """
-    root, saver, log = shared_tempdir(ctx), AsyncSaver(), EventLog(ctx.rank, io.StringIO())
+    root, saver, log = shared_tempdir(ctx), AsyncSaver(cfg.pg_timeout_s), EventLog(ctx.rank, io.StringIO())
     saves = itertools.count()
 
-    def save(background: bool) -> tuple[float, ...]:
+    def save(background: bool, proven: bool = True) -> tuple[float, ...]:
         path = root / str(next(saves))
+        manager = CheckpointManager(path, log)
+        # A run proves once, at its first save, that every rank sees its directory; the
+        # untimed first save here proved it for `root`, so timed saves leave it out.
+        manager._shared = proven
         settle(ctx)
         t0 = time.perf_counter()
-        CheckpointManager(path, log).save(state, replace(cfg, checkpoint_dir=str(path)), ctx,
-                                          saver=saver if background else None)
+        manager.save(state, replace(cfg, checkpoint_dir=str(path)), ctx, saver=saver if background else None)
         returned = time.perf_counter() - t0
         saver.wait_staged()  # what the next optimizer step would wait for, with no compute to overlap
         staged = time.perf_counter() - t0
@@ -89,7 +92,7 @@ def checkpoint_stall(state: TrainState, cfg: TrainConfig, ctx: DistContext, roun
         return slowest(ctx, time.perf_counter() - t0)
 
     try:
-        save(False)
+        save(False, proven=False)
         save(True)
         copy()  # touches every buffer page once, as a reused stager's buffers are
         cases: dict[str, Callable[[], tuple[float, ...]]] = {

@@ -28,15 +28,28 @@ ALIGN = 4096  # O_DIRECT wants the buffer, the offset and the length aligned to 
 # On torch 2.13 DDP's constructor and the first optimizer built in a process each import
 # torch._dynamo (and with it sympy), about as long as `import torch` itself, so this is
 # timed as a second floor.
+# Every wait in it is bounded: forming the group (the store included) and each collective
+# by GROUP_TIMEOUT_S, whichever rendezvous torchrun offers (its agent's store, or with
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 none, where rank 0 hosts one: the script used to wait
+# there forever, as a client of a store nobody served); rank 0 of attempt 0 sleeps at most
+# 120 s for torchrun to stop it.
+GROUP_TIMEOUT_S = 60
 RESTART_SCRIPT = '''
 import json, os, signal, time
+from datetime import timedelta
 import torch
 import torch.distributed as dist
 attempt, rank, world = (int(os.environ[k]) for k in ("TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE"))
-# A store namespace per attempt, as the trainer uses: a restarted rank must not read the
-# dead attempt's addresses from the agent's store.
-base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False)
-dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{attempt}", base), rank=rank, world_size=world)
+timeout = timedelta(seconds=GROUP_TIMEOUT_S)
+if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    # A store namespace per attempt, as the trainer uses: a restarted rank must not read the
+    # dead attempt's addresses from the agent's store.
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                         timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{attempt}", base), rank=rank,
+                            world_size=world, timeout=timeout)
+else:  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: no agent store; rank 0 hosts one at MASTER_PORT
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=timeout)
 if rank == 0:  # one writer: two ranks' lines on one pipe can interleave
     print(json.dumps({"event": "group_formed", "attempt": attempt, "time": time.time()}), flush=True)
 if attempt == 0:
@@ -56,7 +69,7 @@ dist.destroy_process_group()
 # Ended as the trainer ends (`distributed.exit_process`): DDP's gloo group freed during
 # interpreter shutdown sometimes aborts the process, and torchrun would call the job failed.
 os._exit(0)
-'''
+'''.replace("GROUP_TIMEOUT_S", str(GROUP_TIMEOUT_S))
 
 
 class RestartFloor(NamedTuple):

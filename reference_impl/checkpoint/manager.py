@@ -51,7 +51,7 @@ from reference_impl.checkpoint.manifest import (
     read_manifest,
     verify,
 )
-from reference_impl.checkpoint.publish import TMP_PREFIX, Publication, finish_save, temporary_dir
+from reference_impl.checkpoint.publish import TMP_PREFIX, Publication, finish_save, prove_shared, temporary_dir
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.faults import FaultInjector
@@ -90,6 +90,7 @@ class CheckpointManager:
         self.root, self.log, self.keep_last = root, log, keep_last
         self._valid: dict[str, tuple[int, int]] = {}  # step dir name -> its manifest's (inode, mtime)
         self._lost: str | None = None  # why the lock is gone, once noticed
+        self._shared = False  # every rank proved to see this directory (at the first save)
 
     def ready_to_write(self) -> None:
         """Check, before anything is written, that the directory is still this run's to write.
@@ -312,7 +313,8 @@ class CheckpointManager:
         directory into place and applies retention (`finish_save`). With `saver`, all of
         that runs in the background once the state is copied, and training waits only for
         the capture. An error (a full disk) raises `CheckpointError`, here or from the next
-        `saver.wait()`, and leaves the published checkpoints untouched.
+        `saver.wait()`, and leaves the published checkpoints untouched. The first save
+        proves that every rank sees the directory (`prove_shared`): node-local disks fail it.
         """
         t0 = time.perf_counter()
         faults = faults or FaultInjector.disabled()
@@ -321,6 +323,9 @@ class CheckpointManager:
         layout_name = checkpoint_layout(cfg)
         layout = LAYOUTS[layout_name]
         tmp, final = temporary_dir(self.root, state.step, ctx, self.ready_to_write), self.root / step_name(state.step)
+        if not self._shared:  # node-local disks at one path: fail before any rank writes its part
+            prove_shared(tmp, ctx)
+            self._shared = True
         own: dict[str, Any] = {rank_file(ctx.rank): {"rank": ctx.rank, "rng": rng_state()}}
         if ctx.is_main:
             own[TRAIN_FILE] = {"step": state.step,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
 import socket
 import threading
 import time
@@ -41,6 +42,7 @@ from reference_impl.checkpoint.files import (
     PRIVATE_DIR_MODE,
     CheckpointError,
     fsync_dir,
+    read_bounded,
     remove,
     seal,
     write_private,
@@ -157,6 +159,68 @@ def temporary_dir(root: Path, step: int, ctx: DistContext, ready: Callable[[], N
     if isinstance(answer[0], CheckpointError):
         raise answer[0]
     return root / answer[0]
+
+
+SHARED_TOKEN = ".shared-token"  # in a save's temporary directory, only until every rank has read it
+_SHARED_TRIES = (0.0, 0.5, 2.0)  # seconds before each read: a slow filesystem's new name may show late
+
+
+class DirectoryNotShared(CheckpointError):
+    """The ranks do not see one checkpoint directory (node-local disks at the same path)."""
+
+
+def prove_shared(tmp: Path, ctx: DistContext) -> None:
+    """Prove that every rank sees the directory rank 0 created for this save, or fail on all.
+
+    Node-local disks mounted at the same path look like one directory: each rank writes
+    its part into its own node's copy, rank 0 publishes a manifest listing files only
+    other nodes hold, and every restore then refuses it and silently starts again from
+    step 0. So rank 0 writes a random token into `tmp`, and every rank reads it back; the
+    ranks agree (all-gather) before any checkpoint file is written. Rank 0 then removes
+    the token (and, on failure, `tmp`), so no manifest lists it.
+
+    Raises:
+        DirectoryNotShared: Some rank could not read the token (on every rank).
+    """
+    if not ctx.distributed:
+        return
+    path, token = tmp / SHARED_TOKEN, secrets.token_hex(16)
+    written: list[Any] = [token, None]  # rank 0's token and why writing it failed
+    if ctx.is_main:
+        try:
+            write_private(path, token.encode(), durable=False)
+        except OSError as exc:
+            written[1] = str(exc)
+    dist.broadcast_object_list(written, src=0)  # sent once the token is written
+    if written[1]:
+        if ctx.is_main:
+            remove(tmp)
+        raise CheckpointError(f"writing to {tmp} failed: {written[1]}; published checkpoints are untouched")
+    answers: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(answers, (_reads_token(path, written[0]), socket.gethostname()))
+    if ctx.is_main:
+        remove(tmp if any(reason for reason, _ in answers) else path)
+    blind = [(rank, host, reason) for rank, (reason, host) in enumerate(answers) if reason]
+    if blind:
+        rank, host, reason = blind[0]
+        raise DirectoryNotShared(
+            f"the checkpoint directory {tmp.parent} is not shared: {len(blind)} rank(s), first rank {rank} "
+            f"on {host}, cannot read the file rank 0 on {answers[0][1]} wrote in it ({reason}); put "
+            "--checkpoint-dir on a shared filesystem that every node mounts at the same path")
+
+
+def _reads_token(path: Path, token: str) -> str:
+    """Why this rank cannot read `token` from `path` ("" when it can), after a few tries."""
+    reason = ""
+    for wait in _SHARED_TRIES:
+        time.sleep(wait)
+        try:
+            if read_bounded(path, 64).decode(errors="replace") == token:
+                return ""
+            reason = "it holds another token"
+        except CheckpointError as exc:
+            reason = str(exc)
+    return reason
 
 
 def any_rank_failed(failed: bool, ctx: DistContext, group: dist.ProcessGroup | None = None) -> bool:

@@ -26,6 +26,7 @@ PAGES = {
     "calculator-and-plot": "reliability/performance/",
     "api": "api/config/",
     "tabs": "practice/pitfalls/",
+    "sections": "foundations/parallelism/",  # long: its text in section blocks (hooks/sections.py), bold text in them
 }
 SCHEMES = {"light": "default", "dark": "slate"}
 # rule -> CSS selector of the theme's elements on which its violations are let pass; the
