@@ -14,12 +14,9 @@ runs every recipe.
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import signal
 import sys
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 # isort: split
 # --8<-- [start:imports]
@@ -29,6 +26,14 @@ import torch
 import torch.distributed as dist
 
 # --8<-- [end:imports]
+# isort: split
+# --8<-- [start:fr_imports]
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# --8<-- [end:fr_imports]
 
 
 # --8<-- [start:mismatch]
@@ -55,6 +60,9 @@ def stuck_collective() -> None:
 
 
 # --8<-- [start:behind]
+TIMEOUT_S = 60.0  # the process group's timeout (main sets it from --timeout-s)
+
+
 def rank_behind(steps: int = 3, late_rank: int = 2) -> None:
     """Every rank all-reduces once per step, but `late_rank` stops before its last step
     (a hung loader or file system): the others enter that all-reduce and time out."""
@@ -100,7 +108,6 @@ def ranks_behind(trace_dir: str) -> dict[str, dict[str, Any]]:
 # --8<-- [end:behind_analysis]
 
 
-TIMEOUT_S = 60.0
 DEMOS = {"mismatch": mismatched_collective, "stuck": stuck_collective, "behind": rank_behind}
 
 
@@ -118,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     print(f"rank {dist.get_rank()} pid {os.getpid()} running {args.demo}", flush=True)
+    if args.trace_dir:
+        # torchrun stops the other ranks (SIGTERM) once one fails; a rank stuck outside any
+        # collective then dumps on its way out, as every rank does under NCCL's watchdog.
+        def dump_and_exit(signum: int, _frame: object) -> None:
+            dump_flight_recorder(args.trace_dir)
+            os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, dump_and_exit)
     try:
         DEMOS[args.demo]()
         dist.barrier()

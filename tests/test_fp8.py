@@ -11,8 +11,17 @@ from sample_logs import losses
 from torch import nn
 
 from reference_impl.config import ConfigError, TrainConfig
-from reference_impl.fp8 import (E4M3, E5M2, MX_BLOCK, Float8Linear, Float8Matmul, fake_quantize, savings,
-                                swap_linears, to_float8)
+from reference_impl.fp8 import (
+    E4M3,
+    E5M2,
+    MX_BLOCK,
+    Float8Linear,
+    Float8Matmul,
+    fake_quantize,
+    savings,
+    swap_linears,
+    to_float8,
+)
 from reference_impl.model import Block, build_model, loss_fn
 from reference_impl.train import build_dataset
 

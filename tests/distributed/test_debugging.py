@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from launch import REPO, kill_tree, torchrun
+
 from reference_impl.debug_demos import ranks_behind
 from reference_impl.launch import torchrun_command
 

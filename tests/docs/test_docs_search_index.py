@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import handbook_docs_support as support
+import pytest
 
 sys.path.insert(0, str(support.DOCS / "hooks"))
 
