@@ -6,6 +6,8 @@ through `torch._scaled_mm`, which multiplies the fp8 operands, accumulates in hi
 precision and undoes both scales. The forward pass uses e4m3 (3 mantissa bits, range
 +-448) for precision; gradients use e5m2 (2 mantissa bits, range +-57344) for range, since
 they span more orders of magnitude than activations do.
+`fake_quantize` is the round trip alone, with the scale shared per tensor, per row or per
+block (MXFP8's 32 elements, optionally with its power-of-two scale), for comparing recipes.
 
 The file imports only torch, so it can be pasted alone. `torch._scaled_mm` runs on CPU
 (an emulation, slower than a bf16 matmul) and, on GPUs with FP8 tensor cores (H100 and
@@ -49,6 +51,34 @@ def to_float8(t: torch.Tensor, dtype: torch.dtype,
     t8 = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
     return t8, scale.reciprocal()
 # --8<-- [end:cast]
+
+
+# --8<-- [start:blockwise]
+MX_BLOCK = 32  # OCP Microscaling (MX) v1.0: 32 consecutive elements share one scale
+
+
+def fake_quantize(t: torch.Tensor, dtype: torch.dtype = E4M3, block: int | None = None,
+                  power_of_two: bool = False) -> torch.Tensor:
+    """`t` cast to the fp8 `dtype` and back, with one scale per `block` consecutive elements
+    of each row (`None`: one scale for the whole tensor, what `to_float8` does; the row
+    length: rowwise). The values returned are what a matmul on the fp8 copy would see.
+
+    A scale maps its group's largest magnitude onto the format's largest value. With
+    `power_of_two` it is an MX scale instead, a bare exponent (E8M0): 2 to the power
+    floor(log2(amax)) minus the format's largest exponent, so amax lands in the top
+    binade and anything above the largest value saturates.
+    """
+    fmax = torch.finfo(dtype).max
+    x = t.detach().float()
+    groups = x.reshape(1, 1, -1) if block is None else x.reshape(-1, x.shape[-1] // block, block)
+    amax = groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+    if power_of_two:
+        scale = torch.exp2(torch.floor(torch.log2(amax)) - torch.floor(torch.log2(torch.tensor(fmax))))
+    else:
+        scale = amax / fmax
+    q = (groups / scale).clamp(-fmax, fmax).to(dtype)
+    return (q.float() * scale).reshape(t.shape)
+# --8<-- [end:blockwise]
 
 
 # --8<-- [start:matmul]

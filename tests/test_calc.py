@@ -189,6 +189,28 @@ def test_selective_recompute_drops_the_attention_scores_and_nothing_else() -> No
         assert fused["total_bytes"] < selective["total_bytes"] < unfused["total_bytes"]
 
 
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_and_sequence_parallel_follow_korthikanti_table_2(t: int) -> None:
+    """Korthikanti et al. (2022), Table 2, bytes per layer: sbh(10 + 24/t + 5as/(ht)) with
+    tensor parallel, sbh(34/t + 5as/(ht)) with sequence parallel too, sbh(34/t) with selective
+    recompute on top, 2sbh/t with full recompute: each what one more layer adds."""
+    s, b, h, a = 2048, 1, 12288, 96
+    shape = {"params": 175e9, "world_size": 1, "strategy": "ddp", "seq_len": s, "micro_batch": b,
+             "hidden": h, "n_heads": a, "stores_attention_scores": True}
+
+    def one_more_layer(**options) -> float:
+        return (calc.memory(**shape, n_layers=2, **options)["activation_bytes"]
+                - calc.memory(**shape, n_layers=1, **options)["activation_bytes"])
+
+    sbh, scores = s * b * h, 5 * a * s * s * b
+    sp = {"tp_degree": t, "sequence_parallel": True}
+    assert one_more_layer() == 34 * sbh + scores
+    assert one_more_layer(tp_degree=t) == pytest.approx((10 + 24 / t) * sbh + scores / t, rel=1e-12)
+    assert one_more_layer(**sp) == pytest.approx(34 / t * sbh + scores / t, rel=1e-12)
+    assert one_more_layer(**sp, selective_recompute=True) == pytest.approx(34 / t * sbh, rel=1e-12)
+    assert one_more_layer(**sp, activation_checkpointing=True) == pytest.approx(2 / t * sbh, rel=1e-12)
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 def test_context_parallel_divides_the_attention_scores_by_cp_squared(cp: int) -> None:
     """A rank of a context-parallel group holds s/cp queries, each scored against one ring

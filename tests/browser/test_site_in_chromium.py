@@ -211,6 +211,29 @@ def test_search_ranks_the_parallelism_page_that_answers_first(browser, server, q
     assert not problems.items, "\n".join(problems.items)
 
 
+@pytest.mark.parametrize(("query", "page"), [
+    ("graph break", "reliability/graph-breaks"), ("HSDP", "foundations/parallelism"),
+    ("FlatParameter", "foundations/fsdp2"), ("MXFP8", "reliability/fp8-recipes"),
+    ("flight recorder", "reliability/hang-triage"), ("roofline", "foundations/hardware")])
+def test_search_ranks_the_answering_page_first(browser, server, query: str, page: str):
+    """The issue-36 topics, in the real dialog (tests/docs/test_docs_search_index.py checks more
+    queries with the same worker under Node)."""
+    context, tab = _new_page(browser)
+    problems = Problems(tab)
+    try:
+        tab.goto(server, wait_until="load")
+        tab.click("label.md-search__icon, input.md-search__input")
+        search = tab.locator("input.md-search__input")
+        search.fill(query)
+        search.press("End")
+        tab.wait_for_selector(".md-search-result__item", timeout=20_000)
+        first = tab.evaluate(FIRST_RESULT)
+        assert urlparse(first).path.rstrip("/").endswith(page), first
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
 def test_dark_mode_toggle_switches_the_palette(browser, server):
     context, page = _new_page(browser)
     problems = Problems(page)

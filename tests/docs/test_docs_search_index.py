@@ -1,15 +1,17 @@
-"""The search index every page downloads: no all-in-one copy, API objects by their summary."""
+"""The search index every page downloads: no all-in-one copy, API objects by their summary;
+and, run through the theme's own search worker, the page that answers a query comes first."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import handbook_docs_support as support
+import pytest
 
 sys.path.insert(0, str(support.DOCS / "hooks"))
 
@@ -51,3 +53,62 @@ def test_the_built_index_is_light_and_still_finds_every_page(built_site: Path) -
     assert len(api_objects) > 100
     assert all(len(re.findall(r"<p>", e["text"])) <= 1 and "<pre>" not in e["text"] for e in api_objects)
     assert all(e.get("boost") == search_index.API_BOOST for e in docs if e["location"].startswith("api/"))
+
+
+# Each query an interviewer might type, and the page that answers it (issue 36, item 7).
+FIRST_HITS = {
+    "graph break": "reliability/graph-breaks/",
+    "torch._dynamo.explain": "reliability/graph-breaks/",
+    "HSDP": "foundations/parallelism/",
+    "FlatParameter": "foundations/fsdp2/",
+    "FSDP1": "foundations/fsdp2/",
+    "MXFP8": "reliability/fp8-recipes/",
+    "NVFP4": "reliability/fp8-recipes/",
+    "flight recorder": "reliability/hang-triage/",
+    "hang": "reliability/hang-triage/",
+    "Korthikanti": "foundations/parallelism/",
+    "roofline": "foundations/hardware/",
+    "NVLink": "foundations/hardware/",
+    "InfiniBand": "foundations/hardware/",
+    "arithmetic intensity": "foundations/hardware/",
+    "pipeline bubble": "foundations/parallelism/",
+    "ZeRO": "foundations/parallelism/",
+}
+
+
+def material_search(site: Path, queries: list[str]) -> dict[str, list[str]]:
+    """The result locations, in the dialog's order, that the theme's own search worker gives."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed; tests/browser/test_site_in_chromium.py checks six of "
+                    "these queries in the real dialog")
+    (worker,) = (site / "assets" / "javascripts" / "workers").glob("search.*.min.js")
+    run = subprocess.run([node, str(support.DOCS.parent / "tests" / "docs" / "material_search.js"), str(worker),
+                          str(site / "search" / "search_index.json"), *queries],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(run.stdout)
+
+
+def wrong_first_hits(site: Path, expected: dict[str, str]) -> dict[str, list[str]]:
+    """The queries whose first result is not on their page, with their first three results."""
+    ranked = material_search(site, list(expected))
+    return {q: ranked[q][:3] or ["(nothing)"] for q, page in expected.items()
+            if not ranked[q] or ranked[q][0].split("#")[0] != page}
+
+
+def test_search_ranks_the_page_that_answers_first(built_site: Path) -> None:
+    wrong = wrong_first_hits(built_site, FIRST_HITS)
+    assert not wrong, "\n".join(f"{q!r}: wanted {FIRST_HITS[q]}, got {hits}" for q, hits in wrong.items())
+
+
+def test_the_search_check_fails_when_the_answering_section_is_gone(built_site: Path, tmp_path: Path) -> None:
+    """Without the playbook's HSDP section (as before it had a heading of its own) the API
+    entry named `hsdp` wins on its title: the check reports it."""
+    site = tmp_path / "site"
+    (site / "search").mkdir(parents=True)
+    shutil.copytree(built_site / "assets" / "javascripts" / "workers", site / "assets" / "javascripts" / "workers")
+    index = json.loads((built_site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    index["docs"] = [e for e in index["docs"] if not e["location"].startswith("foundations/parallelism/#hsdp")]
+    (site / "search" / "search_index.json").write_text(json.dumps(index), encoding="utf-8")
+    wrong = wrong_first_hits(site, {"HSDP": "foundations/parallelism/"})
+    assert list(wrong) == ["HSDP"] and wrong["HSDP"][0].startswith("api/mesh/"), wrong
