@@ -19,9 +19,10 @@ def test_the_all_in_one_page_has_a_toc_no_repeated_code_and_stays_small(built_si
     # A phone downloads it gzipped and parses the raw HTML: both stay bounded. It holds every
     # page, so it grows with the handbook (119 KB gzipped when context and expert parallel
     # joined; 131 KB with the folded proofs, the host-bound profile and the interview core's
-    # checks); 150 KB is under a second on a 1.6 Mbit/s link.
-    assert len(gzip.compress(page.encode())) < 150_000, f"{len(gzip.compress(page.encode()))} bytes gzipped"
-    assert len(page.encode()) < 520_000, f"{len(page.encode())} bytes"
+    # checks; 150 KB with the pages on FSDP2, FP8 recipes, graph breaks, hang triage and the
+    # hardware). 170 KB is under a second on a 1.6 Mbit/s link.
+    assert len(gzip.compress(page.encode())) < 170_000, f"{len(gzip.compress(page.encode()))} bytes gzipped"
+    assert len(page.encode()) < 600_000, f"{len(page.encode())} bytes"
     source = (support.DOCS / "reference" / "all-in-one.md").read_text(encoding="utf-8")
     included = re.findall(r'^--8<-- "(docs/[^"]+\.md)"$', source, re.M)
     toc = re.search(r'<nav aria-label="Table of contents" class="md-nav md-nav--secondary">(.*?)'

@@ -66,13 +66,13 @@ FIRST_HITS = {
     "NVFP4": "reliability/fp8-recipes/",
     "flight recorder": "reliability/hang-triage/",
     "hang": "reliability/hang-triage/",
-    "Korthikanti": "foundations/parallelism/",
+    "Korthikanti": "foundations/data-parallel/",
     "roofline": "foundations/hardware/",
     "NVLink": "foundations/hardware/",
     "InfiniBand": "foundations/hardware/",
     "arithmetic intensity": "foundations/hardware/",
-    "pipeline bubble": "foundations/parallelism/",
-    "ZeRO": "foundations/parallelism/",
+    "pipeline bubble": "foundations/tensor-pipeline/",
+    "ZeRO": "foundations/data-parallel/",
 }
 
 
