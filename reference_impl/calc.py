@@ -729,7 +729,7 @@ def goodput(*, n_gpus: int, mtbf_gpu_hours: float, save_s: float, restart_s: flo
     tau = None if interval_s is None else _positive("interval_s", interval_s)
     if max(c, r, tau or 0) > _MAX_COST_OVER_MTBF * mtbf:
         raise ValueError(f"save_s, restart_s and interval_s must not exceed {_MAX_COST_OVER_MTBF:g} x the job's "
-                         f"MTBF (mtbf_gpu_hours x 3600 / n_gpus = {mtbf:g} s)")
+                         "MTBF (mtbf_gpu_hours x 3600 / n_gpus)")
     rate = 1 / mtbf
     best = _optimal_work_over_mtbf(c * rate) * mtbf
     tau = best if tau is None else tau

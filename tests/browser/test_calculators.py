@@ -134,10 +134,22 @@ def _step_time(rng: random.Random) -> dict:
     return {**inputs, "mfu": rng.uniform(1e-3, 1.0)}
 
 
+def _goodput(rng: random.Random) -> dict:
+    n_gpus = rng.choice([1, 8, rng.randint(1, 200_000)])
+    mtbf = _log_uniform(rng, 1, 1e7) * n_gpus / 3600  # a job MTBF from 1 s to 4 months
+    job = mtbf * 3600 / n_gpus
+    save = rng.choice([_log_uniform(rng, 1e-7 * job, 0.5 * job), _log_uniform(rng, 1e-3 * job, 100 * job),
+                       2 * job])
+    return _maybe(rng, {"n_gpus": n_gpus, "mtbf_gpu_hours": mtbf, "save_s": save,
+                        "restart_s": rng.choice([0.0, rng.uniform(0, 100 * job), rng.uniform(0, 0.1 * job)])},
+                  interval_s=rng.choice([None, _log_uniform(rng, 1e-6 * job, 100 * job)]))
+
+
 GENERATORS = {"memory": _memory, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
               "tp_comm": _tp_comm, "pp_comm": _pp_comm, "moe_all_to_all": _moe_all_to_all,
               "pipeline_bubble": _pipeline_bubble,
-              "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time}
+              "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time,
+              "goodput": _goodput}
 
 
 @pytest.fixture(scope="module")
