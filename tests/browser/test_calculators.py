@@ -256,6 +256,26 @@ def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa:
     assert not problems.items, "\n".join(problems.items)
 
 
+def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser, server) -> None:  # noqa: F811
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "reliability/checkpointing/", wait_until="load")
+        form = page.locator('.handbook-calc[data-calc="goodput"]')
+        best = calc.goodput(n_gpus=16384, mtbf_gpu_hours=45567, save_s=30, restart_s=600)
+        assert _shown(form, "goodput") == f"{100 * best['goodput']:.1f}%" == "87.2%"
+        assert _shown(form, "interval_s") == _shown(form, "optimal_interval_s") == "12.6 min"
+        form.get_by_label("Interval between saves (min; empty: optimum)").fill("5")
+        fixed = calc.goodput(n_gpus=16384, mtbf_gpu_hours=45567, save_s=30, restart_s=600, interval_s=300)
+        assert _shown(form, "interval_s") == "5.00 min"
+        assert _shown(form, "goodput") == f"{100 * fixed['goodput']:.1f}%" != f"{100 * best['goodput']:.1f}%"
+        form.get_by_label("Interval between saves (min; empty: optimum)").fill("")
+        assert _shown(form, "interval_s") == "12.6 min"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
+
+
 def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F811
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
