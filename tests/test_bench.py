@@ -329,12 +329,13 @@ def test_goodput_accounting_cuts_wall_time_four_ways() -> None:
               _event("run_start", 10.0, restart_count=1),
               _event("run_start", 20.0, restart_count=2), _event("checkpoint_restored", 20.5, step=2),
               _event("step", 21.5, step=3), _event("step", 22.5, step=4), _event("checkpoint_saved", 23.0, step=4),
-              {"event": "error", "rank": 1, "time": 4.8}]
+              {"event": "error", "rank": 1, "time": 4.8}, _event("run_complete", 23.2, step=4)]
     kills = [Kill(4.7, 0, 1, "up"), Kill(10.1, 1, 0, "restore")]
-    got = account(events, kills, every=2)
+    # A kill that reached a rank of the attempt that went on to complete struck nothing: no failure.
+    got = account(events, [*kills, Kill(23.3, 2, 1, "up")], every=2)
     assert (got.kept_s, got.save_s, got.lost_s, got.restart_s) == pytest.approx((4.0, 1.0, 2.2, 15.8))
     assert got.wall_s == pytest.approx(23.0) and got.up_s == pytest.approx(7.2) and got.up_failures == 1
-    assert [k.during for k in kills] == ["save", "restore"]
+    assert [k.during for k in kills] == ["save", "restore"] and got.kills == kills
     assert got.step_times == pytest.approx([1.0] * 6) and got.save_times == pytest.approx([0.5, 0.5])
 
 

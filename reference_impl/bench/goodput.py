@@ -106,8 +106,9 @@ class FaultyRun:
     """Run the trainer under torchrun and kill random ranks at random moments; bounded in time."""
 
     def __init__(self, cmd: Sequence[str], mtbf_s: float, restore_kills: float, rng: random.Random,
-                 timeout_s: float) -> None:
+                 timeout_s: float, max_steps: int) -> None:
         self.cmd, self.mtbf_s, self.restore_kills, self.rng = list(cmd), mtbf_s, restore_kills, rng
+        self.max_steps = max_steps
         self.timeout_s = timeout_s
         self.kills: list[Kill] = []
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -141,6 +142,7 @@ class FaultyRun:
         threading.Thread(target=self._read, args=(proc.stdout,), daemon=True).start()
         threading.Thread(target=lambda: err.extend(proc.stderr or []), daemon=True).start()
         attempt, deadline, saved_any, last_event = -1, None, False, time.monotonic()
+        finished = False
         try:
             while True:
                 if time.perf_counter() - started > self.timeout_s:
@@ -160,7 +162,9 @@ class FaultyRun:
                     self.stdout.append(line)
                     last_event = time.monotonic()
                     event = parse_events(line)
-                    if event:
+                    if event and event[0].get("event") == "step" and event[0].get("step", 0) >= self.max_steps:
+                        finished, deadline = True, None  # training is over: a kill now would strike nothing
+                    elif event and not finished:
                         name = event[0].get("event")
                         if name == "run_start":
                             attempt, deadline = int(event[0].get("restart_count", 0)), None
@@ -241,6 +245,9 @@ def account(events: Sequence[dict[str, Any]], kills: Sequence[Kill], every: int)
         BenchmarkError: The events and kills do not fit together.
     """
     attempts = attempts_of(events)
+    # A kill that landed on a rank already done (the job completed in that attempt) is no failure.
+    completed = {a.number for a in attempts if any(e["event"] == "run_complete" for e in a.events)}
+    kills = [k for k in kills if k.attempt not in completed]
     by_attempt = {k.attempt: k for k in kills}
     result = Account(kills=list(kills))
     for a in attempts:
@@ -349,7 +356,7 @@ def goodput(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any]:
         faulty = FaultyRun(torchrun_command(args.nproc, "reference_impl.train",
                                             _flags(cfg, root / "faulty", max_steps, every),
                                             max_restarts=10 * args.failures + 20),
-                           args.mtbf_s, args.restore_kills, rng, args.timeout_s)
+                           args.mtbf_s, args.restore_kills, rng, args.timeout_s, max_steps)
         status, stdout, stderr, wall = faulty.run()
         got = _digest(stdout)
         if status != 0 or got is None:
