@@ -23,6 +23,7 @@ import torch
 from reference_impl.bench import BENCHMARKS, BenchmarkError, recovery_times
 from reference_impl.bench import main as bench_main
 from reference_impl.bench.common import median_interval
+from reference_impl.bench.goodput import Kill, account
 from reference_impl.config import TrainConfig
 from reference_impl.model import build_model
 
@@ -322,3 +323,45 @@ def test_fp8_bench_refuses_a_size_the_gpu_kernel_cannot_take() -> None:
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1] == ("reference_impl.bench fp8: error: --tokens and every size must be "
                                                    "multiples of 16; --iters and --rounds at least 1")
+
+
+def _event(name: str, t: float, **fields: object) -> dict:
+    return {"event": name, "rank": 0, "time": t, **fields}
+
+
+def test_goodput_accounting_cuts_wall_time_four_ways() -> None:
+    """Saves every 2 steps. Attempt 0 starts with nothing to restore, saves step 2 and is killed
+    inside the save of step 4; attempt 1 is killed inside its restore; attempt 2 restores step 2
+    and finishes. Kept: steps 1-2 and 3-4 (1 s each) and the saves of 2 and 4 (0.5 s each); lost:
+    attempt 0's steps 3-4 and its partial save (4.7 - 2.5 s); restart: from the kill at 4.7 to
+    attempt 2's restore at 20.5, the second kill inside it."""
+    events = [_event("run_start", 0.0, restart_count=0), _event("step", 1.0, step=1), _event("step", 2.0, step=2),
+              _event("checkpoint_saved", 2.5, step=2), _event("step", 3.5, step=3), _event("step", 4.5, step=4),
+              _event("run_start", 10.0, restart_count=1),
+              _event("run_start", 20.0, restart_count=2), _event("checkpoint_restored", 20.5, step=2),
+              _event("step", 21.5, step=3), _event("step", 22.5, step=4), _event("checkpoint_saved", 23.0, step=4),
+              {"event": "error", "rank": 1, "time": 4.8}, _event("run_complete", 23.2, step=4)]
+    kills = [Kill(4.7, 0, 1, "up"), Kill(10.1, 1, 0, "restore")]
+    # A kill that reached a rank of the attempt that went on to complete struck nothing: no failure.
+    got = account(events, [*kills, Kill(23.3, 2, 1, "up")], every=2)
+    assert (got.kept_s, got.save_s, got.lost_s, got.restart_s) == pytest.approx((4.0, 1.0, 2.2, 15.8))
+    assert got.wall_s == pytest.approx(23.0) and got.up_s == pytest.approx(7.2) and got.up_failures == 1
+    assert [k.during for k in kills] == ["save", "restore"] and got.kills == kills
+    assert got.step_times == pytest.approx([1.0] * 6) and got.save_times == pytest.approx([0.5, 0.5])
+
+
+@pytest.mark.slow
+def test_goodput_bench_kills_ranks_and_loses_nothing() -> None:
+    """A few SIGKILLs of random ranks (a restore hit half the time) under torchrun: the final state
+    equals the uninterrupted run's, every failure is filed, and the shares of wall time add up."""
+    run = launch.python_module(["goodput", "--failures", "3", "--mtbf-s", "2", "--restore-kills", "0.5",
+                                "--timeout-s", "400"], timeout=600, module="reference_impl.bench")
+    result = last_json(run, "goodput")
+    assert result["digest_equal"] is True and result["state_digest"] == result["reference_digest"]
+    assert result["failures"] >= 1
+    assert result["failures"] == result["failures_computing"] + result["failures_saving"] + \
+        result["failures_restoring"]
+    assert 0 < result["measured_goodput"] <= 1 and 0 < result["predicted_goodput"] <= 1
+    shares = ("save_fraction", "lost_fraction", "restart_fraction")
+    assert result["measured_goodput"] + sum(result[f"measured_{k}"] for k in shares) == pytest.approx(1, abs=1e-3)
+    assert result["accounted_s"] <= result["wall_s"]

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TABLE = json.loads((ROOT / "docs" / "javascripts" / "calculator_presets.json").read_text(encoding="utf-8"))
 PRESETS = {p["name"]: p for p in TABLE["presets"]}
 CALCULATORS = ("memory", "ring_allreduce", "fsdp_comm", "tp_comm", "pp_comm", "moe_all_to_all",
-               "pipeline_bubble", "checkpoint_interval", "mfu", "step_time")
+               "pipeline_bubble", "checkpoint_interval", "goodput", "mfu", "step_time")
 NOT_ON_FORM = {"memory": {"compiled_loss"}}  # inputs no form field sets
 LLAMA = {"Llama 3 8B on 8 GPUs": Shape("Llama-3 8B", 4096, 32, 32, 8, 14336, 128256),
          "Llama 3 70B on 64 GPUs": LLAMA3_70B, "Llama 3 405B on 16,384 GPUs": LLAMA3_405B}
@@ -104,3 +104,7 @@ def test_the_failure_rate_is_llama_3_405bs_per_gpu() -> None:
         if interval:
             gpus = next(v["n_gpus"] for k, v in preset["inputs"].items() if k in ("step_time", "mfu"))
             assert interval["mtbf_s"] == pytest.approx(per_gpu_s / gpus, abs=0.1), preset["name"]
+    for preset in PRESETS.values():
+        goodput = preset["inputs"].get("goodput")
+        if goodput:
+            assert goodput["mtbf_gpu_hours"] == pytest.approx(per_gpu_s / 3600, abs=0.1), preset["name"]

@@ -33,7 +33,8 @@ from matplotlib.figure import Figure  # noqa: E402
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 METADATA = ("device", "torch", "date", "commit", "command")
 # Data files that `hooks/tables.py` shows as tables, not plots.
-TABLE_DATA = ("memory_grid", "memory_grid_reduced", "gpu", "gpu_small", "gpu_fp8", "gpu_profile", "accessibility_known")
+TABLE_DATA = ("memory_grid", "memory_grid_reduced", "gpu", "gpu_small", "gpu_fp8", "gpu_profile", "accessibility_known",
+              "goodput")
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
 INK = "#404040"  # text and axes
 GREY = "#6b6b6b"  # a grey series, 5.3:1

@@ -24,6 +24,8 @@
 * `pipeline_bubble`: the measured pipeline idle shares of `docs/data/pipeline.json`, the
   data file the `pipeline` plot beside it draws (`hooks/plots.py`), so table and plot
   always show the same run;
+* `goodput`: `python -m reference_impl.bench goodput` runs (`docs/data/goodput.json`, their JSON
+  lines): measured goodput of the trainer under random SIGKILLs against `calc.goodput`'s;
 * `accessibility_known`: the axe-core findings on the theme's own elements that remain
   (`docs/data/accessibility_known.json`, the same file the accessibility test reads).
 
@@ -264,6 +266,29 @@ def benchmark_summary() -> str:
     return "\n".join(lines) + "\n"
 
 
+def goodput() -> str:
+    """Each `bench goodput` run of `docs/data/goodput.json`: its costs, its failures, and goodput
+    measured against `calc.goodput`'s prediction from those costs."""
+    record = _record("goodput")
+    rows = ["| Save every | τ (s) | C (s) | R (s) | M (s) | Failures: compute/save/restore | Goodput, measured "
+            "| Goodput, model | Training kept, measured / model | Final state |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in record["data"]["runs"]:
+        r = run["result"]
+        rows.append(f"| {r['checkpoint_every']} steps | {r['interval_s']:.3f} | {r['save_s']:.3f} | {r['restart_s']:.1f} "
+                    f"| {r['job_mtbf_s']:.2f} | {r['failures']}: {r['failures_computing']}/{r['failures_saving']}/"
+                    f"{r['failures_restoring']} | {r['measured_goodput']:.3f} | {r['predicted_goodput']:.3f} "
+                    f"| {r['measured_goodput'] / (1 - r['measured_restart_fraction']):.3f} / "
+                    f"{r['predicted_goodput'] / (1 - r['predicted_restart_fraction']):.3f} "
+                    f"| {'as uninterrupted' if r['digest_equal'] else 'DIFFERS'} |")
+    commands = "; ".join(f"`{run['command']}`" for run in record["data"]["runs"])
+    rows.append(f"\nτ: interval between saves, C: save, R: restart per failure, M: the job's measured mean time "
+                f"between failures while computing or saving. Training kept: the share of the time spent computing and saving "
+                f"that ended as kept steps. {record['data']['note']} torch {record['torch']}, {record['device']}, {record['date']}, "
+                f"commit {record['commit']}. Runs: {commands}.")
+    return '<div class="handbook-compact" markdown>\n\n' + "\n".join(rows[:-1]) + "\n\n</div>\n" + rows[-1]
+
+
 def memory_grid() -> str:
     """The grid at Llama-2 and Llama-3 shapes (`docs/data/memory_grid.json`)."""
     return _memory_grid("memory_grid")
@@ -287,7 +312,7 @@ TABLES: dict[str, Callable[[], str]] = {"mesh_ranking": mesh_ranking, "mesh_land
                                         "pipeline_bubble": pipeline_bubble, "gpu": gpu, "gpu_ladder": gpu_ladder,
                                         "gpu_small": gpu_small, "gpu_fp8": gpu_fp8, "gpu_host_bound": gpu_host_bound,
                                         "accessibility_known": accessibility_known,
-                                        "benchmark_summary": benchmark_summary}
+                                        "benchmark_summary": benchmark_summary, "goodput": goodput}
 
 
 def table(name: str) -> str:

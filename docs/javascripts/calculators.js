@@ -365,6 +365,57 @@
       daly_interval_s: daly, daly_overhead_fraction: dalyOverhead};
   }
 
+  // e^x - 1 - x without the cancellation of expm1(x) - x near 0 (as calc.py).
+  function expMinusOneMinusX(x) {
+    if (Math.abs(x) >= 0.5) return Math.expm1(x) - x;
+    var term = x * x / 2, total = 0;
+    for (var k = 3; k < 40; k++) {
+      total += term;
+      term *= x / k;
+      if (Math.abs(term) <= 1e-17 * Math.abs(total)) break;
+    }
+    return total;
+  }
+
+  // The y = lambda tau minimising (e^(y + c) - 1) / y: Newton on z = -ln(1 - y) (as calc.py).
+  function optimalWorkOverMtbf(c) {
+    var z = c <= 0.5 ? 2 * Math.sqrt(c) : c + 1;
+    for (var i = 0; i < 100; i++) {
+      var step = (expMinusOneMinusX(-z) - c) / -Math.expm1(-z);
+      if (!(step > 1e-16 * z)) break;
+      z -= step;
+    }
+    return -Math.expm1(-z);
+  }
+
+  function goodput(inputs) {
+    var x = bind("goodput", inputs, ["n_gpus", "mtbf_gpu_hours", "save_s", "restart_s"], {interval_s: null});
+    var n = count("n_gpus", x.n_gpus);
+    var mtbf = positive("mtbf_gpu_hours", x.mtbf_gpu_hours) * 3600 / n;
+    var c = positive("save_s", x.save_s), r = nonNegative("restart_s", x.restart_s);
+    var tau = x.interval_s === null ? null : positive("interval_s", x.interval_s);
+    if (Math.max(c, r, tau || 0) > MAX_COST_OVER_MTBF * mtbf) {
+      throw new Error("save_s, restart_s and interval_s must not exceed " + MAX_COST_OVER_MTBF +
+        " x the job's MTBF (mtbf_gpu_hours x 3600 / n_gpus)");
+    }
+    var rate = 1 / mtbf;
+    var best = optimalWorkOverMtbf(c * rate) * mtbf;
+    if (tau === null) tau = best;
+    function shares(work) {
+      var failures = Math.expm1(rate * (work + c));
+      var cycle = (mtbf + r) * failures;
+      var lost = expMinusOneMinusX(rate * (work + c)) * mtbf;
+      return [work / cycle, c / cycle, lost / cycle, failures * r / cycle, failures];
+    }
+    var got = shares(tau);
+    var young = Math.sqrt(2 * c * mtbf);
+    var ratio = c / (2 * mtbf);
+    return {goodput: got[0], save_fraction: got[1], lost_fraction: got[2], restart_fraction: got[3],
+      interval_s: tau, optimal_interval_s: best, optimal_goodput: shares(best)[0], young_interval_s: young,
+      daly_interval_s: c < 2 * mtbf ? young * (1 + Math.sqrt(ratio) / 3 + ratio / 9) - c : mtbf,
+      job_mtbf_s: mtbf, failures_per_day: 86400 / mtbf, failures_per_checkpoint: got[4]};
+  }
+
   function mfu(inputs) {
     var x = bind("mfu", inputs,
       ["flops_per_sample", "samples_per_step", "step_time_s", "n_gpus", "peak_flops_per_gpu"], {});
@@ -389,7 +440,7 @@
   window.handbookCalc = {
     memory: memory, ring_allreduce: ring_allreduce, fsdp_comm: fsdp_comm, tp_comm: tp_comm,
     pp_comm: pp_comm, moe_all_to_all: moe_all_to_all, pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
-    step_time: step_time
+    step_time: step_time, goodput: goodput
   };
 
   // ------------------------------------------------------------ display
@@ -453,10 +504,11 @@
   }
 
   // Form fields: [input key, label, kind, default shown, scale from the shown unit to the input's].
-  // Kinds: "number", "check", an array of choices, or an object whose choices each set several
-  // inputs. A form may name a headline output (kept in view beside the fields), fields folded
-  // under "More inputs" (`advanced`: shown only on request), and checks that flag an
-  // implausible result instead of printing it.
+  // Kinds: "number", "optional" (a number; an empty box leaves the input out), "check", an
+  // array of choices, or an object whose choices each set several inputs. A form may name a
+  // headline output (kept in view beside the fields), fields folded under "More inputs"
+  // (`advanced`: shown only on request), and checks that flag an implausible result instead
+  // of printing it.
   var FORMS = {
     memory: {
       fields: [
@@ -626,6 +678,29 @@
         ["young_interval_s", "Young interval", "seconds"], ["young_overhead_fraction", "Young overhead", "percent"],
         ["daly_interval_s", "Daly interval", "seconds"],
         ["daly_overhead_fraction", "Daly overhead (with restarts)", "percent"]
+      ]
+    },
+    goodput: {
+      headline: "goodput",
+      checks: [function (result) {
+        return result.goodput < 0.01 ? {
+          outputs: ["goodput", "optimal_goodput"],
+          message: "Under 1% goodput: failures come faster than the job can save and restart, " +
+            "so it would hardly progress. Make saves and restarts cheaper or the failures rarer."} : null;
+      }],
+      fields: [
+        ["n_gpus", "GPUs", "number", 16384],
+        ["mtbf_gpu_hours", "MTBF per GPU (GPU-hours)", "number", 45567],
+        ["save_s", "Blocking save C (s)", "number", 30],
+        ["restart_s", "Restart R (min)", "number", 10, 60],
+        ["interval_s", "Interval between saves (min; empty: optimum)", "optional", null, 60]
+      ],
+      outputs: [
+        ["goodput", "Goodput (productive share)", "percent"], ["save_fraction", "Saving", "percent"],
+        ["lost_fraction", "Lost work", "percent"], ["restart_fraction", "Restarting", "percent"],
+        ["interval_s", "Interval used", "seconds"], ["optimal_interval_s", "Optimal interval", "seconds"],
+        ["optimal_goodput", "Goodput at the optimum", "percent"], ["job_mtbf_s", "Job MTBF", "seconds"],
+        ["failures_per_day", "Job failures per day", "plain"]
       ]
     },
     mfu: {
@@ -804,7 +879,8 @@
         input = element("input", {name: key, type: "checkbox"});
         input.checked = shown;
       } else {
-        input = element("input", {name: key, type: "number", step: "any", value: String(shown)});
+        input = element("input", {name: key, type: "number", step: "any", value: shown === null ? "" : String(shown)});
+        if (kind === "optional") input.setAttribute("placeholder", "optimum");
       }
       if (kind === "check") { label.appendChild(input); label.appendChild(document.createTextNode(field[1])); }
       else { label.appendChild(document.createTextNode(field[1])); label.appendChild(input); }
@@ -854,6 +930,8 @@
         else if (isChoice(kind)) {
           Object.keys(kind[control.value]).forEach(function (key) { inputs[key] = kind[control.value][key]; });
         }
+        // An optional field left empty is left out: the calculator's default applies.
+        else if (kind === "optional" && control.value === "") return;
         // An empty box is NaN, which the calculator rejects with the input's name.
         else inputs[field[0]] = (control.value === "" ? NaN : Number(control.value)) * (field[4] || 1);
       });

@@ -15,6 +15,7 @@ scripts read (`{"benchmark": NAME, ...}`).
     python -m reference_impl.bench peers       # needs pip install -e ".[peers]"
     python -m reference_impl.bench compile
     python -m reference_impl.bench fp8 --compile   # on a GPU with FP8 tensor cores
+    python -m reference_impl.bench goodput --failures 20
 
 A benchmark registered with `nproc` (`async`, `pipeline`, `gpu`) runs once per rank under
 torchrun. Started with plain `python -m`, it relaunches itself as
@@ -31,7 +32,17 @@ import subprocess
 import sys
 
 # Importing a benchmark module registers it.
-from reference_impl.bench import async_save, checkpoint, compile_speed, fp8_speed, gpu, overhead, peers, pipeline  # noqa: F401,E501
+from reference_impl.bench import (  # noqa: F401,E501
+    async_save,
+    checkpoint,
+    compile_speed,
+    fp8_speed,
+    goodput,
+    gpu,
+    overhead,
+    peers,
+    pipeline,
+)
 from reference_impl.bench.checkpoint import recovery_times
 from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, positive_int, report
 from reference_impl.config import ConfigError, TrainConfig

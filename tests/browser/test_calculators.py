@@ -133,10 +133,22 @@ def _step_time(rng: random.Random) -> dict:
     return {**inputs, "mfu": rng.uniform(1e-3, 1.0)}
 
 
+def _goodput(rng: random.Random) -> dict:
+    n_gpus = rng.choice([1, 8, rng.randint(1, 200_000)])
+    mtbf = _log_uniform(rng, 1, 1e7) * n_gpus / 3600  # a job MTBF from 1 s to 4 months
+    job = mtbf * 3600 / n_gpus
+    save = rng.choice([_log_uniform(rng, 1e-7 * job, 0.5 * job), _log_uniform(rng, 1e-3 * job, 100 * job),
+                       2 * job])
+    return _maybe(rng, {"n_gpus": n_gpus, "mtbf_gpu_hours": mtbf, "save_s": save,
+                        "restart_s": rng.choice([0.0, rng.uniform(0, 100 * job), rng.uniform(0, 0.1 * job)])},
+                  interval_s=rng.choice([None, _log_uniform(rng, 1e-6 * job, 100 * job)]))
+
+
 GENERATORS = {"memory": _memory, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
               "tp_comm": _tp_comm, "pp_comm": _pp_comm, "moe_all_to_all": _moe_all_to_all,
               "pipeline_bubble": _pipeline_bubble,
-              "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time}
+              "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time,
+              "goodput": _goodput}
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +258,26 @@ def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa:
 def _more_inputs(form) -> None:
     """Unfold a form's advanced inputs, as a reader does to reach them."""
     form.get_by_text("More inputs").click()
+
+
+def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser, server) -> None:  # noqa: F811
+    context, page = _new_page(browser)
+    problems = Problems(page)
+    try:
+        page.goto(server + "reliability/checkpointing/", wait_until="load")
+        form = page.locator('.handbook-calc[data-calc="goodput"]')
+        best = calc.goodput(n_gpus=16384, mtbf_gpu_hours=45567, save_s=30, restart_s=600)
+        assert _shown(form, "goodput") == f"{100 * best['goodput']:.1f}%" == "87.2%"
+        assert _shown(form, "interval_s") == _shown(form, "optimal_interval_s") == "12.6 min"
+        form.get_by_label("Interval between saves (min; empty: optimum)").fill("5")
+        fixed = calc.goodput(n_gpus=16384, mtbf_gpu_hours=45567, save_s=30, restart_s=600, interval_s=300)
+        assert _shown(form, "interval_s") == "5.00 min"
+        assert _shown(form, "goodput") == f"{100 * fixed['goodput']:.1f}%" != f"{100 * best['goodput']:.1f}%"
+        form.get_by_label("Interval between saves (min; empty: optimum)").fill("")
+        assert _shown(form, "interval_s") == "12.6 min"
+    finally:
+        context.close()
+    assert not problems.items, "\n".join(problems.items)
 
 
 def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F811

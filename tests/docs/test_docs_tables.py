@@ -81,7 +81,7 @@ def test_every_table_marker_names_a_computed_table_and_each_is_on_a_page() -> No
 
 
 @pytest.mark.parametrize("name", ["mesh_ranking", "mesh_landmarks", "pipeline_bubble", "gpu", "gpu_ladder", "gpu_fp8",
-                                  "accessibility_known"])
+                                  "accessibility_known", "goodput"])
 def test_computed_tables_are_well_formed(name: str) -> None:
     assert table_problems(_computed_tables()[name].splitlines(), name) == []
 
@@ -112,7 +112,7 @@ def test_an_unknown_table_stops_the_build() -> None:
     import tables
 
     known = ("mesh_ranking, mesh_landmarks, memory_grid, memory_grid_reduced, pipeline_bubble, gpu, gpu_ladder, "
-             "gpu_small, gpu_fp8, gpu_host_bound, accessibility_known, benchmark_summary")
+             "gpu_small, gpu_fp8, gpu_host_bound, accessibility_known, benchmark_summary, goodput")
     with pytest.raises(ValueError, match=rf"^<!-- table: nope -->: no such table \(known: {known}\)$"):
         tables.table("nope")
 
@@ -274,3 +274,17 @@ def test_the_benchmarks_page_leads_with_what_the_runs_answer() -> None:
         name = section.splitlines()[0]
         if name != "What moved MFU":
             assert '??? proof "How we know"' in section, f"{name}: its method is folded"
+
+
+def test_committed_goodput_runs_lose_nothing_and_agree_with_the_model() -> None:
+    """Every committed `bench goodput` run ended on the uninterrupted run's state, was hit by the
+    failures it reports, and its measured goodput is within 10% of calc.goodput's prediction."""
+    record = json.loads((support.DOCS / "data" / "goodput.json").read_text(encoding="utf-8"))
+    assert record["data"]["runs"]
+    for run in record["data"]["runs"]:
+        r = run["result"]
+        assert r["digest_equal"] is True and r["state_digest"] == r["reference_digest"]
+        assert r["failures"] == r["failures_computing"] + r["failures_saving"] + r["failures_restoring"] > 0
+        assert r["measured_goodput"] == pytest.approx(r["predicted_goodput"], rel=0.1)
+        assert run["command"].startswith("python -m reference_impl.bench goodput ")
+    assert "goodput" in _computed_tables()
