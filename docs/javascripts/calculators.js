@@ -983,6 +983,8 @@
           control.checked = values[key];
         } else if (Array.isArray(kind)) {
           control.value = values[key];
+        } else if (values[key] === null) {  // an optional input the preset leaves out
+          control.value = "";
         } else {
           control.value = String(Number((values[key] / (field[4] || 1)).toPrecision(12)));
         }
