@@ -82,7 +82,7 @@ def dump_flight_recorder(trace_dir: str) -> None:
     gloo does not, so the demo dumps when its wait ends."""
     os.makedirs(trace_dir, exist_ok=True)
     with open(os.path.join(trace_dir, f"rank_{dist.get_rank()}.json"), "wb") as f:
-        f.write(torch._C._distributed_c10d._dump_fr_trace_json())
+        f.write(torch._C._distributed_c10d._dump_fr_trace_json())  # type: ignore[attr-defined]  # not in the stubs
 # --8<-- [end:dump]
 
 

@@ -30,6 +30,7 @@
   // half empty. The theme puts the SVG into the diagram's shadow root, where the site's
   // stylesheet does not reach, so the rule travels with each stored SVG. (A diagram the
   // bundle draws, one edited since its SVG was stored, prints uncapped until it is redrawn.)
+  // It follows the SVG, so the drawing stays the shadow root's first element.
   const PRINT_SIZE = "<style>@media print { svg { max-height: 120mm; } }</style>";
 
   let settings;
@@ -74,7 +75,7 @@
       const key = (await near(text))?.dataset.diagram;
       if (key) {
         const response = await fetch(`${DRAWN}${key}.svg`);
-        if (response.ok) return {svg: PRINT_SIZE + (await response.text()).replaceAll(DRAWN_ID, id)};
+        if (response.ok) return {svg: (await response.text()).replaceAll(DRAWN_ID, id) + PRINT_SIZE};
       }
       return (await load()).render(id, text);
     },
