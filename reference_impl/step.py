@@ -77,8 +77,20 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
 
     Returns the mean loss as a device tensor (reading it would sync the device, so the
     caller does that only at log steps) and the dataset indices that were trained.
-    Without accumulation the loss is returned as computed: dividing by 1 and adding to
-    zero would be two device ops per step that change no bit.
+    """
+    loss, indices = accumulate_gradients(model, batches, scaler, cfg, device, timer)
+    optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
+    return loss, indices
+
+
+def accumulate_gradients(model: nn.Module, batches: Iterator[Batch], scaler: torch.amp.GradScaler | None,
+                         cfg: TrainConfig, device: torch.device,
+                         timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Forward and backward `grad_accum_steps` micro-batches into the gradients; no step.
+
+    Returns the mean loss and the dataset indices, as `train_step` does. Without
+    accumulation the loss is returned as computed: dividing by 1 and adding to zero
+    would be two device ops per step that change no bit.
     """
     accum = cfg.grad_accum_steps
     criterion = compiled_loss(loss_fn) if cfg.compile else loss_fn
@@ -100,7 +112,6 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
                 (scaler.scale(loss) if scaler else loss).backward()
         losses.append(loss.detach())
         indices.append(idx)
-    optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
     return functools.reduce(torch.add, losses), indices
 # --8<-- [end:train_step]
 

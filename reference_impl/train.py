@@ -54,18 +54,20 @@ def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
     return spec_of(cfg).dataset(cfg)
 
 
-def build_state(cfg: TrainConfig, ctx: DistContext) -> TrainState:
+def build_state(cfg: TrainConfig, ctx: DistContext, replicas: int = 1, replica: int = 0) -> TrainState:
     """Model, optimizer, schedule, scaler and data pipeline for this rank.
 
     The sampler shards the data over the data-parallel ranks only: the ranks of one
     tensor-parallel group, and the stages of one pipeline, read the same samples.
+    `replicas` independent copies of this job (`reference_impl.ft`) each take their own
+    shard: replica `replica` reads the data-parallel slots after those of the replicas before it.
     """
     dataset, mesh = build_dataset(cfg), dims_of(cfg, ctx.device.type)
     if mesh.cp > 1:  # each context-parallel rank keeps its chunks of every sequence
         dataset = SequenceShard(dataset, mesh.coordinates(ctx.rank)["cp"], mesh.cp)
-    dp_rank = mesh.dp_rank(ctx.rank)
-    sampler = ResumableDistributedSampler(cfg.dataset_size, world_size=mesh.dp_size, rank=dp_rank,
-                                          global_batch_size=cfg.global_batch_size, seed=cfg.seed)
+    dp_rank = replica * mesh.dp_size + mesh.dp_rank(ctx.rank)
+    sampler = ResumableDistributedSampler(cfg.dataset_size, world_size=mesh.dp_size * replicas, rank=dp_rank,
+                                          global_batch_size=cfg.global_batch_size * replicas, seed=cfg.seed)
     # The loader's own generator seeds its workers, so creating an iterator (at an epoch
     # start, or mid-epoch after a resume) never draws from the global RNG that dropout uses.
     # Its workers take SIGTERM only from the rank: a preemption stops the rank, which stops them.

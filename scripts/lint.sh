@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and type-check the package: ruff (style, import order, bug patterns) and mypy, both
 # configured in pyproject.toml. Both always run; the exit status is 1 if either found anything.
-EXTRAS=tests,biotech  # ruff and mypy, and rdkit, whose type stubs mypy reads for reference_impl/bio
+EXTRAS=tests,biotech,ft  # ruff and mypy, rdkit (whose type stubs mypy reads for reference_impl/bio), torchft
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 status=0

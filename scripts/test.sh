@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the suite needs and run every test.
 # Extra arguments go to pytest, e.g. `scripts/test.sh tests/docs -k codeblocks`.
-EXTRAS=docs,tests,biotech
+EXTRAS=docs,tests,biotech,ft
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 # The browser test drives the operating system's Chromium (no browser download);
