@@ -16,6 +16,7 @@ scripts read (`{"benchmark": NAME, ...}`).
     python -m reference_impl.bench compile
     python -m reference_impl.bench fp8 --compile   # on a GPU with FP8 tensor cores
     python -m reference_impl.bench goodput --failures 20
+    python -m reference_impl.bench ft          # a SIGKILL: replicas keep training vs a full restart
 
 A benchmark registered with `nproc` (`async`, `pipeline`, `gpu`) runs once per rank under
 torchrun. Started with plain `python -m`, it relaunches itself as
@@ -37,6 +38,7 @@ from reference_impl.bench import (  # noqa: F401,E501
     checkpoint,
     compile_speed,
     fp8_speed,
+    ft,
     goodput,
     gpu,
     overhead,

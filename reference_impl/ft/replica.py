@@ -147,15 +147,16 @@ def report_missing(state: TrainState, ctx: DistContext, slot: Slot, step: int, p
                    log: EventLog) -> None:
     """Log the samples of the replicas that were not in step `step`: they are not trained.
 
-    The lowest replica present reports it, once for the whole job, naming every index.
+    Rank 0 of the lowest replica present reports it, once for the whole job, naming the
+    indices of every rank of every missing replica.
     """
     alive = present.nonzero().flatten().tolist()
-    if not alive or alive[0] != slot.replica or len(alive) == slot.replicas:
+    if ctx.rank or not alive or alive[0] != slot.replica or len(alive) == slot.replicas:
         return
     missing = [r for r in range(slot.replicas) if r not in alive]
     indices = [i for r in missing for g in range(ctx.world_size)
                for i in step_samples(state.sampler, step, r * ctx.world_size + g)]
-    log.emit("samples_not_trained", replica=slot.replica, step=step, replicas=missing, indices=indices)
+    log.progress("samples_not_trained", replica=slot.replica, step=step, replicas=missing, indices=indices)
 
 
 # --8<-- [start:replica_loop]
@@ -203,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         log = EventLog(ctx.rank)
         state = build_state(cfg, ctx, slot.replicas, slot.replica)
         manager = build_manager(state, cfg, ctx, slot)
+        log.progress("replica_start", replica=slot.replica, attempt=ctx.restart_count, pid=os.getpid())
         try:
             wait_for_all_replicas(slot, ctx)
             train_replica(state, cfg, ctx, slot, manager, log)
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("ft_step", exc, replica=slot.replica, step=manager.current_step())
             sys.stdout.flush()
             os._exit(1)  # the launcher restarts the replica; torchft's threads need no goodbye
-        log.progress("replica_complete", replica=slot.replica, step=state.step, time_s=round(time.time(), 3),
+        log.progress("replica_complete", replica=slot.replica, step=state.step,
                      state_digest=state_digest(state.model, state.optimizer))
         manager.shutdown(wait=False)
     return 0
