@@ -200,7 +200,7 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
         return cls(**values)
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one `ConfigError` line instead of usage text."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
@@ -209,8 +209,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser generated from the fields of `TrainConfig`."""
-    parser = _Parser(prog="python -m reference_impl.train",
-                     description="Train the reference model with DDP or FSDP2 (run under torchrun).")
+    parser = OneLineParser(prog="python -m reference_impl.train",
+                           description="Train the reference model with DDP or FSDP2 (run under torchrun).")
     hints = get_type_hints(TrainConfig)
     docs = field_docs()
     for f in fields(TrainConfig):

@@ -11,13 +11,8 @@ import argparse
 import sys
 import time
 
-from reference_impl.config import ConfigError, TrainConfig
+from reference_impl.config import ConfigError, OneLineParser, TrainConfig
 from reference_impl.ft.launcher import Launcher, summarize
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(message)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, list[str]]:
@@ -26,7 +21,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, list[str]]:
     Raises:
         ConfigError: A flag is malformed, or the job is one replicas cannot run.
     """
-    parser = _Parser(prog="python -m reference_impl.ft", add_help=True)
+    parser = OneLineParser(prog="python -m reference_impl.ft")
     parser.add_argument("--replicas", type=int, required=True, help="replica groups (at least 2)")
     parser.add_argument("--nproc-per-replica", type=int, default=1, help="ranks in each replica")
     parser.add_argument("--max-replica-restarts", type=int, default=3, help="restarts allowed per replica")

@@ -37,13 +37,12 @@ def ft_job(replicas: int, nproc: int, fail_rank: int) -> Run:
 def killed(request: pytest.FixtureRequest) -> tuple[Run, int]:
     """The job with global rank `fail_rank` SIGKILLed at step 5; (run, ranks per replica)."""
     replicas, nproc, fail_rank = request.param
-    run = ft_job(replicas, nproc, fail_rank)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run, nproc
+    return ft_job(replicas, nproc, fail_rank), nproc
 
 
 def test_last_line_is_ft_complete_with_the_contract_keys(killed: tuple[Run, int]) -> None:
     run, _ = killed
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     last = run.events[-1]
     assert last["event"] == "ft_complete" and CONTRACT_KEYS <= last.keys(), last
     assert (last["step"], last["survivor_restarts"], last["recoveries"]) == (STEPS, 0, 1), last
