@@ -125,6 +125,7 @@ def test_a_benchmark_refuses_to_touch_a_real_runs_files_or_kill_itself(
 @pytest.mark.parametrize("argv,message", [
     (["pipeline", "--microbatches", "1"], "every --microbatches value must be at least the number of stages (2)"),
     (["async", "--strategy", "ddp"], "async checkpoints are FSDP-only (--strategy fsdp)"),
+    (["ft", "--step-floor-s", "-1"], "--step-floor-s must be in [0, 60]"),
 ])
 def test_a_benchmarks_own_refusal_comes_from_the_launcher_before_torchrun(
         argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -246,6 +247,22 @@ def test_async_bench_relaunches_under_torchrun_and_compares_with_a_sync_save() -
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gets")
+def test_ft_bench_compares_its_own_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ratio is the full restart's stall over the survivors' pause, both medians of this run's rounds."""
+    replica_runs = iter([{"kill_to_survivor_step_s": 2.0, "kill_to_contributing_s": 9.0, "outage_steps": 80,
+                          "samples_not_trained": 640},
+                         {"kill_to_survivor_step_s": 4.0, "kill_to_contributing_s": 11.0, "outage_steps": 90,
+                          "samples_not_trained": 720}])
+    restarts = iter([(7.0, 8.0), (9.0, 16.0)])
+    monkeypatch.setattr("reference_impl.bench.ft.replica_run", lambda steps, floor: next(replica_runs))
+    monkeypatch.setattr("reference_impl.bench.ft.recovery_run", lambda: next(restarts))
+    assert bench_main(["ft", "--rounds", "2"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["benchmark"] == "ft"
+    assert (line["survivor_step_s"], line["rejoin_s"], line["full_restart_resumed_s"]) == (3.0, 10.0, 12.0)
+    assert line["stall_ratio"] == 4.0 and line["outage_steps"] == [80, 90]
+
+
 def test_gpu_bench_refuses_without_a_gpu() -> None:
     run = launch.python_module(["gpu"], timeout=60, module="reference_impl.bench")
     assert run.returncode == 2
