@@ -179,11 +179,11 @@ def train_replica(state: TrainState, cfg: TrainConfig, ctx: DistContext, slot: S
             state.optimizer.zero_grad(set_to_none=True)
             log.progress("step_aborted", replica=slot.replica, step=step + 1)
             continue
+        if was_restarted and not rejoined and present.nonzero().flatten().tolist() == [slot.replica]:
+            # Its peers are gone (the job ended): stepping would train a model alone from step 0.
+            raise RuntimeError("restarted replica found no live peer to recover from")
         optimizer_step(state.model, state.optimizer, state.scheduler, None, cfg, timer)
         state.step = manager.current_step()
-        if was_restarted and not rejoined and state.step == 1:
-            # A restarted replica that healed from nobody would train alone from scratch.
-            raise RuntimeError("restarted replica found no live peer to recover from")
         report_missing(state, ctx, slot, state.step, present, log)
         if was_restarted and not rejoined and bool(present[slot.replica]):
             rejoined = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +96,32 @@ def test_every_sample_the_dead_replica_missed_is_reported(killed: tuple[Run, int
             expected += list(sampler)[:8]
         assert reported[step] == expected, step
     assert run.events[-1]["samples_not_trained"] == 8 * nproc * len(without)
+
+
+# Imported by every Python process that has it on its path: holds back the restarted replica.
+LATE_RESTART = """import os, time
+if os.environ.get("FT_REPLICA") == "1" and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "1":
+    time.sleep(8)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_replica_back_after_the_others_finished_does_not_train_alone(tmp_path: Path) -> None:
+    """The restarted replica starts 8 s late, when the survivor has finished: it finds no peer to
+    copy from, says so and stops, and the job fails instead of ending on a model trained alone."""
+    (tmp_path / "sitecustomize.py").write_text(LATE_RESTART)
+    cmd = [sys.executable, "-m", "reference_impl.ft", "--replicas", "2", "--model", "mlp", "--max-steps", "20",
+           "--micro-batch-size", "8", "--dataset-size", "1024", "--warmup-steps", "0", "--pg-timeout-s", "60",
+           "--fail-at-step", "5", "--fail-rank", "1"]
+    run = run_command(cmd, timeout=280, env={"PYTHONPATH": str(tmp_path)})
+    assert run.returncode == 1
+    restarted = next(e["time"] for e in run.of("replica_start") if e["replica"] == 1 and e["attempt"] == 1)
+    assert restarted > next(e["time"] for e in run.of("replica_complete") if e["replica"] == 0)
+    errors = [e for e in run.of("error") if e.get("replica") == 1]
+    assert [e["message"] for e in errors] == ["restarted replica found no live peer to recover from"], errors
+    assert not [e for e in run.of("ft_step") if e["replica"] == 1 and e["time"] > restarted]
+    last = run.events[-1]
+    assert (last["event"], last["recoveries"], last["state_digests_equal"]) == ("ft_complete", 0, False)
 
 
 @pytest.mark.parametrize("flags", [
