@@ -159,7 +159,6 @@ def report_missing(state: TrainState, ctx: DistContext, slot: Slot, step: int, p
     log.progress("samples_not_trained", replica=slot.replica, step=step, replicas=missing, indices=indices)
 
 
-# --8<-- [start:replica_loop]
 def train_replica(state: TrainState, cfg: TrainConfig, ctx: DistContext, slot: Slot, manager: Manager,
                   log: EventLog) -> None:
     """Step with whichever replicas are alive until the job's step reaches `max_steps`."""
@@ -191,7 +190,6 @@ def train_replica(state: TrainState, cfg: TrainConfig, ctx: DistContext, slot: S
         log.progress("ft_step", replica=slot.replica, step=state.step, loss=round(loss.item(), 6),
                      participants=present.nonzero().flatten().tolist())
         time.sleep(max(0.0, slot.step_floor_s - (time.monotonic() - started)))
-# --8<-- [end:replica_loop]
 
 
 def main(argv: list[str] | None = None) -> int:
