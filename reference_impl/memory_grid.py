@@ -338,6 +338,12 @@ def row(config: Config) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+def config_of(row: dict[str, Any]) -> Config:
+    """The configuration a committed row (as `row` writes it) was measured for."""
+    return Config(Shape(**row["shape"]), row["world_size"], row["activation_checkpointing"], row["seq_len"],
+                  row["micro_batch"], row.get("replicas", 1), row.get("tp", 1), row.get("sequence_parallel", False))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the grid and write `memory_grid.json` (or `memory_grid_reduced.json`) into `--out`.
 
