@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from reference_impl.options.training import SEED_STRIDE
+
 # --8<-- [end:imports]
 
 # --8<-- [start:sample]
@@ -100,7 +102,7 @@ class ResumableDistributedSampler(Sampler[int]):
 
     def epoch_permutation(self) -> torch.Tensor:
         """The epoch's global order, before the tail is dropped."""
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        gen = torch.Generator().manual_seed(self.seed * SEED_STRIDE + self.epoch)
         return torch.randperm(self.num_samples, generator=gen)
 
     def __iter__(self) -> Iterator[int]:
