@@ -5,7 +5,10 @@ Every function here has a JavaScript twin in `docs/javascripts/calculators.js`:
 same inputs, apply the same defaults, and return dicts with the same keys and (to 1e-9)
 the same numbers; the browser tests compare them on hundreds of random inputs. Both
 reject a bad input the same way: Python raises `ValueError`, JavaScript throws an `Error`
-with the same message, which the page shows in place of the result.
+with the same message, which the page shows in place of the result. `memory` is composed of
+named parts (`memory_model_state`, `memory_attention_activations`, ... `memory_peak`), each a
+function of the checked inputs with a twin of the same name in
+`window.handbookCalcMemoryParts`; the browser tests compare them part by part.
 
 Units are SI throughout: bytes (not GiB), seconds, bytes per second, FLOPs and FLOP/s.
 The functions use only the standard library, so they run anywhere the handbook does.

@@ -13,9 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from reference_impl.options.training import SEED_STRIDE
-
 # --8<-- [end:imports]
+from reference_impl.options.training import SEED_STRIDE
 
 # --8<-- [start:sample]
 Sample = tuple[torch.Tensor, torch.Tensor, int]

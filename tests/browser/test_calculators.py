@@ -8,6 +8,8 @@ One form is then driven like a user would, in light and dark mode.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import random
@@ -167,6 +169,60 @@ def test_browser_twin_matches_python(page, name: str) -> None:
             if bad:
                 mismatches.append(f"{inputs}: (js, py) {bad}")
     assert not mismatches, f"{len(mismatches)} of {CASES} differ:\n" + "\n".join(mismatches[:10])
+
+
+# calc.memory's parts in calc.py: the functions named memory_<part> (memory itself aside).
+MEMORY_PARTS = sorted(name for name in vars(calc) if name.startswith("memory_") and callable(getattr(calc, name)))
+RUN_PARTS = """
+([names, cases]) => cases.map((inputs) => {
+  const parts = window.handbookCalcMemoryParts, m = parts.memory_inputs(inputs), out = {};
+  for (const name of names) out[name] = name === "memory_inputs" ? m : parts[name](m);
+  return out;
+})
+"""
+
+
+def _python_part(name: str, m: calc.MemoryInputs) -> object:
+    """A part's answer as JSON carries it; for `memory_inputs`, the record and its properties."""
+    if name == "memory_inputs":
+        return {**dataclasses.asdict(m), **{key: getattr(m, key) for key, value in vars(calc.MemoryInputs).items()
+                                            if isinstance(value, property)}}
+    return json.loads(json.dumps(getattr(calc, name)(m)))
+
+
+def _same(js: object, py: object) -> bool:
+    """Equal structure, and every number within the twins' 1e-9."""
+    if isinstance(py, dict):
+        return isinstance(js, dict) and set(js) == set(py) and all(_same(js[k], v) for k, v in py.items())
+    if isinstance(py, list):
+        return isinstance(js, list) and len(js) == len(py) and all(map(_same, js, py))
+    if py is None:
+        return js is None
+    return _close(js, py)
+
+
+def test_each_part_of_memory_matches_python(page) -> None:
+    """Not only the total: each named part of `calc.memory` (model state, the attention's,
+    MLP's and norms' activations, the stored ones, the loss's and the blocks' moments, the
+    peak) returns the same structure and numbers in JavaScript, on every random input."""
+    assert set(page.evaluate("() => Object.keys(window.handbookCalcMemoryParts)")) == set(MEMORY_PARTS)
+    rng = random.Random("handbook-calc-memory-parts")
+    signature = inspect.signature(calc.memory)
+    cases = []
+    for _ in range(CASES):
+        bound = signature.bind(**memory_inputs(rng))
+        bound.apply_defaults()
+        cases.append(bound.arguments)
+    answers = page.evaluate(RUN_PARTS, [MEMORY_PARTS, cases])
+    differing = {}
+    for inputs, js in zip(cases, answers, strict=True):
+        m = calc.memory_inputs(inputs)
+        for name in MEMORY_PARTS:
+            py = _python_part(name, m)
+            if not _same(js[name], py):
+                differing.setdefault(name, f"{inputs}: (js, py) {js[name]}, {py}")
+    assert not differing, "parts that differ, each with its first input:\n" + "\n".join(
+        f"{name}: {first}" for name, first in differing.items())
 
 
 def test_bad_inputs_throw_the_python_message(page) -> None:
