@@ -1,8 +1,10 @@
 """Answer first: a content page opens, under its title, with a paragraph of prose, and every H2
-section opens with the answer a candidate would give (a short paragraph, or an admonition whose
-class marks an answer) before any table, code, list, figure or fold. The check reads the
-Markdown as written, the blocks the site's hooks expand (`<!-- table: -->`, `<!-- plot: -->`)
-classified as what they become."""
+section opens with the answer a candidate would give, a short paragraph, before any table,
+code, list, figure, admonition or fold. The check reads the Markdown as written, the blocks
+the site's hooks expand (`<!-- table: -->`, `<!-- plot: -->`) classified as what they become.
+
+No admonition type marks an answer: an answer is plain prose, so that it reads the same on
+the page, in search results and in the printed handbook."""
 
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ pytestmark = pytest.mark.docs
 CONTENT_FOLDERS = ("interview", "foundations", "practice", "biotech", "reliability", "reference")
 # An opening answer is short enough to say aloud; the derivation follows it.
 MAX_OPENING_WORDS = 90
-# Admonition classes that hold an answer (none is used yet: a plain paragraph is the answer).
-ANSWER_ADMONITIONS: frozenset[str] = frozenset()
 # Pages whose H2 sections have another form, each with why; their title still opens with prose.
 SECTIONS_EXEMPT = {
     "interview/hard-questions.md": "a question bank: each question's fold opens with its answer",
@@ -41,8 +41,6 @@ LIST_ITEM = re.compile(r"^(?:[-*+]|\d+[.)])\s")
 WRAPPER = re.compile(r"^(?:<div\b[^>]*\bmarkdown\b[^>]*>|</div>)\s*$")
 FRONT_MATTER = re.compile(r"\A---\n.*?^---\n", re.M | re.S)
 LINK = re.compile(r"!?\[(?P<text>[^\]]*)\]\([^)]*\)|\{[:.#][^}]*\}|<[^>]+>")
-
-
 # Blank lines, comments (a test marker before a fence) and wrappers are not blocks.
 SKIPPED = {"comment", "wrapper"}
 
@@ -69,7 +67,8 @@ def _kind(line: str) -> str:
     if m := ADMONITION.match(line):
         return f"admonition {m['kind']}"
     checks = (("```", "code"), ("~~~", "code"), ("|", "table"), (">", "quote"), ("--8<--", "snippet"),
-              ("===", "tabs"), ("<!--", "comment"), ("<", "html"), (":", "definition"), ("---", "rule"), ("***", "rule"))
+              ("===", "tabs"), ("<!--", "comment"), ("<", "html"), (":", "definition"), ("---", "rule"),
+              ("***", "rule"))
     for prefix, kind in checks:
         if line.startswith(prefix):
             return kind
@@ -81,7 +80,9 @@ def _words(paragraph: list[str]) -> int:
 
 
 def openings(text: str) -> list[Opening]:
-    """The opening block of the H1 and of each H2 in Markdown `text` (fenced code skipped)."""
+    """The opening block of the H1 and of each H2 in Markdown `text` (fenced code skipped).
+
+    Front matter becomes blank lines, so that line numbers stay the file's own."""
     front = FRONT_MATTER.match(text)
     lines = [""] * (front[0].count("\n") if front else 0) + text[front.end() if front else 0:].splitlines()
     found: list[Opening] = []
@@ -116,10 +117,7 @@ def problems_in(text: str, page: str) -> list[str]:
         where = f"{page}:{opening.lineno} under '{opening.heading}'"
         if number > 0 and page in SECTIONS_EXEMPT:
             continue
-        title = number == 0 and opening.heading.startswith("# ")
-        answer_box = (not title and opening.kind.startswith("admonition ")
-                      and opening.kind.split()[1] in ANSWER_ADMONITIONS)
-        if opening.kind != "paragraph" and not answer_box:
+        if opening.kind != "paragraph":
             problems.append(f"{where}: opens with a {opening.kind}; open with the answer in prose")
         elif opening.words > MAX_OPENING_WORDS:
             problems.append(f"{where}: the opening paragraph has {opening.words} words "
