@@ -1,7 +1,7 @@
 """Public resume bugs, replayed: the naive step shows the reported symptom, the trainer does not.
 
 Each test has two halves, both real. The first runs a naive version of the step the bug
-lived in (`tests/incidents_naive.py`) and asserts the symptom the issue reported, so the
+lived in (`tests/incidents_naive.py`) and asserts the symptom that was reported, so the
 test fails if the replay ever stops reproducing it. The second runs the trainer's own code
 path on the same situation and asserts the symptom is absent.
 """
