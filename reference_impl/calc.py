@@ -5,7 +5,10 @@ Every function here has a JavaScript twin in `docs/javascripts/calculators.js`:
 same inputs, apply the same defaults, and return dicts with the same keys and (to 1e-9)
 the same numbers; the browser tests compare them on hundreds of random inputs. Both
 reject a bad input the same way: Python raises `ValueError`, JavaScript throws an `Error`
-with the same message, which the page shows in place of the result.
+with the same message, which the page shows in place of the result. `memory` is composed of
+named parts (`memory_model_state`, `memory_attention_activations`, ... `memory_peak`), each a
+function of the checked inputs with a twin of the same name in
+`window.handbookCalcMemoryParts`; the browser tests compare them part by part.
 
 Units are SI throughout: bytes (not GiB), seconds, bytes per second, FLOPs and FLOP/s.
 The functions use only the standard library, so they run anywhere the handbook does.
@@ -14,6 +17,7 @@ The functions use only the standard library, so they run anywhere the handbook d
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -57,6 +61,386 @@ def _flag(name: str, value: Any) -> bool:
     return value
 
 
+# The model states in `memory`'s answer, in order; the strategies shard a subset of them.
+MODEL_STATES = ("params_bytes", "grads_bytes", "master_bytes", "optimizer_bytes")
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """`memory`'s inputs once checked, with `ffn_hidden` and `n_kv_heads` resolved.
+
+    Each part of the memory model is a function of this record alone, so each can be read,
+    tested and compared with its JavaScript twin by itself. The fields are `memory`'s
+    keyword arguments (see there); the properties are sizes several parts share.
+    """
+
+    params: float
+    world_size: int
+    strategy: str
+    seq_len: int
+    micro_batch: int
+    hidden: int
+    n_heads: int
+    n_layers: int
+    activation_checkpointing: bool
+    stores_attention_scores: bool
+    param_bytes: float
+    grad_bytes: float
+    master_bytes: float
+    optimizer_bytes: float
+    ffn_hidden: int
+    gated_mlp: bool
+    n_kv_heads: int
+    vocab_size: int
+    tp_degree: int
+    pp_degree: int
+    cp_degree: int
+    sequence_parallel: bool
+    compute_bytes: float
+    transients: bool
+    selective_recompute: bool
+    offload_optimizer: bool
+    grad_accum_steps: int
+    fsdp_grad_sync: str
+    compiled_loss: bool
+
+    @property
+    def tokens(self) -> float:
+        """T, a rank's tokens in one micro-batch: `seq_len x micro_batch / cp_degree`."""
+        return self.seq_len * self.micro_batch / self.cp_degree
+
+    @property
+    def kv_width(self) -> int:
+        """kv, the width of the keys (and of the values): `hidden / n_heads x n_kv_heads`."""
+        return self.hidden // self.n_heads * self.n_kv_heads
+
+    @property
+    def sp_divisor(self) -> int:
+        """What divides the tensors around the tensor-parallel region: `tp_degree` under
+        sequence parallel, else 1."""
+        return self.tp_degree if self.sequence_parallel else 1
+
+    @property
+    def layer_input(self) -> float:
+        """A layer's input, `c x T x hidden`, sequence-sharded under sequence parallel."""
+        return self.compute_bytes * self.tokens * self.hidden / self.sp_divisor
+
+    @property
+    def stage_layers(self) -> int:
+        """Layers of one pipeline stage: `n_layers / pp_degree`."""
+        return self.n_layers // self.pp_degree
+
+    @property
+    def gathered(self) -> bool:
+        """Whether compute gathers the parameters: `zero3` or `fsdp` over 2 ranks or more."""
+        return self.strategy in ("zero3", "fsdp") and self.world_size > 1
+
+
+def memory_inputs(inputs: dict[str, Any]) -> MemoryInputs:
+    """`memory`'s inputs, every one given (as `memory` passes them), checked in its order.
+
+    Raises:
+        ValueError: The first bad input, as `memory` documents.
+    """
+    x = inputs
+    p, n, strategy = _positive("params", x["params"]), _count("world_size", x["world_size"]), x["strategy"]
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    s, b = _count("seq_len", x["seq_len"]), _count("micro_batch", x["micro_batch"])
+    h, a, layers = _count("hidden", x["hidden"]), _count("n_heads", x["n_heads"]), _count("n_layers", x["n_layers"])
+    if h % a:
+        raise ValueError(f"hidden ({h}) must be a multiple of n_heads ({a})")
+    checkpointing = _flag("activation_checkpointing", x["activation_checkpointing"])
+    scores = _flag("stores_attention_scores", x["stores_attention_scores"])
+    weights, grads = _positive("param_bytes", x["param_bytes"]), _non_negative("grad_bytes", x["grad_bytes"])
+    master = _non_negative("master_bytes", x["master_bytes"])
+    moments = _non_negative("optimizer_bytes", x["optimizer_bytes"])
+    f = 4 * h if x["ffn_hidden"] is None else _count("ffn_hidden", x["ffn_hidden"])
+    gated = _flag("gated_mlp", x["gated_mlp"])
+    kv_heads = a if x["n_kv_heads"] is None else _count("n_kv_heads", x["n_kv_heads"])
+    vocab = _count("vocab_size", x["vocab_size"], 0)
+    t, pp = _count("tp_degree", x["tp_degree"]), _count("pp_degree", x["pp_degree"])
+    cp = _count("cp_degree", x["cp_degree"])
+    sp, c = _flag("sequence_parallel", x["sequence_parallel"]), _positive("compute_bytes", x["compute_bytes"])
+    peak, selective = _flag("transients", x["transients"]), _flag("selective_recompute", x["selective_recompute"])
+    offload, compiled = _flag("offload_optimizer", x["offload_optimizer"]), _flag("compiled_loss", x["compiled_loss"])
+    accum, grad_sync = _count("grad_accum_steps", x["grad_accum_steps"]), x["fsdp_grad_sync"]
+    if grad_sync not in GRAD_SYNCS:
+        raise ValueError(f"fsdp_grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {grad_sync!r}")
+    if checkpointing and selective:
+        raise ValueError("activation_checkpointing and selective_recompute exclude each other")
+    if a % kv_heads:
+        raise ValueError(f"Attention heads ({a}) must be a multiple of key/value heads ({kv_heads})")
+    if a % t or kv_heads % t:
+        raise ValueError(f"Attention heads ({a}) and key/value heads ({kv_heads}) must be multiples "
+                         f"of the tensor-parallel degree ({t})")
+    if layers % pp:
+        raise ValueError(f"Layers ({layers}) must be a multiple of the pipeline stages ({pp})")
+    if s % cp:
+        raise ValueError(f"Sequence length ({s}) must be a multiple of the context-parallel degree ({cp})")
+    return MemoryInputs(p, n, strategy, s, b, h, a, layers, checkpointing, scores, weights, grads, master, moments,
+                        f, gated, kv_heads, vocab, t, pp, cp, sp, c, peak, selective, offload, accum, grad_sync,
+                        compiled)
+
+
+def memory_sharded_states(m: MemoryInputs) -> tuple[str, ...]:
+    """The model states divided over the `world_size` N ranks (Rajbhandari et al., *ZeRO*, 2020).
+
+    `ddp` shards nothing (every rank holds a full replica); `zero1` the master weights and
+    the optimizer state; `zero2` those and the gradients; `zero3` and `fsdp` (FSDP2 is
+    ZeRO-3) everything. With accumulation (`grad_accum_steps` above 1) and the
+    reduce-scatter waiting for the last micro-batch (`fsdp_grad_sync="last"`, FSDP2's
+    `set_requires_gradient_sync(False)`, the trainer's default) every rank holds its
+    gradients unsharded between micro-batches: they leave the list.
+    """
+    sharded = {"ddp": (), "zero1": ("master_bytes", "optimizer_bytes"),
+               "zero2": ("master_bytes", "optimizer_bytes", "grads_bytes")}.get(m.strategy, MODEL_STATES)
+    if m.grad_accum_steps > 1 and m.fsdp_grad_sync == "last":
+        sharded = tuple(key for key in sharded if key != "grads_bytes")
+    return sharded
+
+
+def memory_model_state(m: MemoryInputs) -> dict[str, float]:
+    """Model state per rank: `params / (tp_degree x pp_degree) x bytes / N` for each state.
+
+    The bytes per parameter are `param_bytes` (weights), `grad_bytes`, `master_bytes` and
+    `optimizer_bytes`; N is `world_size` for the states `memory_sharded_states` lists, else 1.
+    By default 2 + 2 + 4 + 8 = 16 bytes per parameter (bf16 weights and gradients, an fp32
+    master copy, Adam's two fp32 moments); PyTorch autocast and FSDP2 with a bf16
+    `MixedPrecisionPolicy` keep fp32 weights and gradients and no master copy: 4 + 4 + 0 +
+    8, also 16. Offloading the optimizer (ZeRO-Offload) moves the master copy and the
+    optimizer state to host memory (`offloaded_bytes`), off the GPU.
+
+    Returns:
+        The four states, their sum `model_state_bytes`, and `offloaded_bytes`.
+    """
+    sharded = memory_sharded_states(m)
+    per_param = (m.param_bytes, m.grad_bytes, m.master_bytes, m.optimizer_bytes)
+    state = {key: m.params / (m.tp_degree * m.pp_degree) * size / (m.world_size if key in sharded else 1)
+             for key, size in zip(MODEL_STATES, per_param, strict=True)}
+    offloaded = state["master_bytes"] + state["optimizer_bytes"] if m.offload_optimizer else 0.0
+    if m.offload_optimizer:
+        state["master_bytes"] = state["optimizer_bytes"] = 0.0
+    total = state["params_bytes"] + state["grads_bytes"] + state["master_bytes"] + state["optimizer_bytes"]
+    return {**state, "model_state_bytes": total, "offloaded_bytes": offloaded}
+
+
+def memory_attention_activations(m: MemoryInputs) -> dict[str, float]:
+    """Bytes the attention keeps for backward, per token of T (`scores`: per layer).
+
+    Per token, with c = `compute_bytes`, h = `hidden`, kv = `MemoryInputs.kv_width`: `inside`
+    the tensor-parallel region (divided by `tp_degree`), `around` it (divided by it only
+    under sequence parallel) and `gathered` (whole on every rank).
+
+    - GPT (Korthikanti et al., 2022, §4): inside `c (2 h + 2 kv)` (q, k, v and the output
+      projection's input), around `c h + h` (the q/k/v projection's input and the one-byte
+      dropout mask of the output).
+    - Llama (`gated_mlp`): inside `c (2 h + 2 kv) + 4 n_heads` (q, k, v, the attention
+      output and its fp32 log-sum-exp per head), around `c h` (the q/k/v projection's
+      input); under sequence parallel (`tp_degree` above 1) DTensor all-gathers that input
+      and saves it whole: gathered `c h` instead.
+
+    `scores`, unfused attention only (`stores_attention_scores`): `5 x n_heads x seq_len`
+    bytes per token (scores, softmax, dropout mask), `T x 5 n_heads seq_len / (cp_degree x
+    tp_degree)` per layer. PyTorch's `scaled_dot_product_attention` keeps none.
+    """
+    c, h, kv = m.compute_bytes, m.hidden, m.kv_width
+    scores = m.tokens * 5 * m.n_heads * m.seq_len / m.cp_degree / m.tp_degree if m.stores_attention_scores else 0.0
+    if not m.gated_mlp:
+        return {"around": c * h + h, "gathered": 0.0, "inside": c * (2 * h + 2 * kv), "scores": scores}
+    regathered = m.sequence_parallel and m.tp_degree > 1
+    return {"around": 0.0 if regathered else c * h, "gathered": c * h if regathered else 0.0,
+            "inside": c * (2 * h + 2 * kv) + 4 * m.n_heads, "scores": scores}
+
+
+def memory_mlp_activations(m: MemoryInputs) -> dict[str, float]:
+    """Bytes the MLP keeps for backward, per token, in the places of `memory_attention_activations`.
+
+    With c = `compute_bytes`, h = `hidden`, f = `ffn_hidden`:
+
+    - GPT MLP (Korthikanti §4): inside `2 c f` (the GeLU's input and output), around
+      `c h + h` (the first projection's input and the one-byte dropout mask).
+    - SwiGLU (`gated_mlp`): inside `4 c f` (w1's and w3's outputs, the SiLU of w1's and the
+      product w2 takes in), around `c h` (the input of w1 and w3); under sequence parallel
+      (`tp_degree` above 1) w1 and w3 each all-gather it and keep their own whole copy:
+      gathered `2 c h` instead, where Megatron-LM gathers it again in backward.
+    """
+    c, h, f = m.compute_bytes, m.hidden, m.ffn_hidden
+    if not m.gated_mlp:
+        return {"around": c * h + h, "gathered": 0.0, "inside": c * 2 * f}
+    regathered = m.sequence_parallel and m.tp_degree > 1
+    return {"around": 0.0 if regathered else c * h, "gathered": 2 * c * h if regathered else 0.0,
+            "inside": c * 4 * f}
+
+
+def memory_norm_activations(m: MemoryInputs) -> dict[str, float]:
+    """Bytes a block's two norms keep for backward, per token: all around the tensor-parallel region.
+
+    GPT's LayerNorms keep their inputs, `2 c h`. Llama's RMSNorms, as PyTorch's autograd
+    runs them in bf16, keep each an fp32 upcast input and an fp32 normalised product (2 c h
+    each at c = 2) and a 4-byte reciprocal per token: `8 c h + 8`.
+    """
+    c, h = m.compute_bytes, m.hidden
+    return {"around": c * 8 * h + 8 if m.gated_mlp else c * 2 * h, "gathered": 0.0, "inside": 0.0}
+
+
+def memory_layer_activations(m: MemoryInputs) -> float:
+    """One layer's stored activations, without recompute, summed over its parts.
+
+    `T x (around / sp + gathered + inside / tp_degree) + scores`, where sp is `tp_degree`
+    under sequence parallel and 1 otherwise, and around, gathered and inside are the sums
+    of the attention's, the MLP's and the norms'. With the defaults (c = 2, kv = h, f =
+    4 h) a GPT layer is Korthikanti's `34 T h` (+ `5 n_heads seq_len T` with the scores).
+    """
+    kinds = (memory_attention_activations(m), memory_mlp_activations(m), memory_norm_activations(m))
+    around, gathered, inside = (sum(kind[key] for kind in kinds) for key in ("around", "gathered", "inside"))
+    return m.tokens * (around / m.sp_divisor + gathered + inside / m.tp_degree) + kinds[0]["scores"]
+
+
+def memory_stored_activations(m: MemoryInputs) -> dict[str, float]:
+    """The activations the first pipeline stage holds at the end of forward, and the steady state.
+
+    A layer keeps `memory_layer_activations`, less its attention scores under selective
+    recompute (Korthikanti §5: recomputed in backward, one layer's live meanwhile; no
+    change with fused attention, which recomputes them anyway). With full recompute
+    (`activation_checkpointing`) a layer keeps only its input, `MemoryInputs.layer_input`,
+    and one layer's activations are live while it is recomputed. Under a pipeline (1F1B)
+    the first stage holds `pp_degree` micro-batches of its `n_layers / pp_degree` layers,
+    as many as all layers of one micro-batch: `stored = n_layers x (kept or layer input)`.
+
+    Returns:
+        `activation_bytes_per_layer`, `kept_per_layer`, `stored_bytes`, and
+        `activation_bytes`: the stored ones plus those live during a recompute.
+    """
+    per_layer = memory_layer_activations(m)
+    recomputed_scores = memory_attention_activations(m)["scores"] if m.selective_recompute else 0.0
+    kept = per_layer - recomputed_scores
+    stored = m.stage_layers * m.pp_degree * (m.layer_input if m.activation_checkpointing else kept)
+    return {"activation_bytes_per_layer": per_layer, "kept_per_layer": kept, "stored_bytes": stored,
+            "activation_bytes": stored + (per_layer if m.activation_checkpointing else recomputed_scores)}
+
+
+def memory_parameter_counts(m: MemoryInputs) -> dict[str, float]:
+    """Parameters per tensor-parallel rank of what FSDP gathers, in elements.
+
+    A `block`: `(h (h + 2 kv) + h^2 + k h f) / tp_degree + 2 h` (q/k/v, the output
+    projection, the MLP's k = 2 or, gated, 3 matrices; then the two norms' weights, whole),
+    its `attention` alone: `(h (h + 2 kv) + h^2) / tp_degree`, and the `root`: the
+    embedding and the output projection, `2 vocab h / tp_degree` (only the output
+    projection under a pipeline: the last stage, the larger end), and the final norm's `h`.
+    """
+    h, kv, f, t = m.hidden, m.kv_width, m.ffn_hidden, m.tp_degree
+    return {"block": (h * (h + 2 * kv) + h * h + (3 if m.gated_mlp else 2) * h * f) / t + 2 * h,
+            "attention": (h * (h + 2 * kv) + h * h) / t,
+            "root": (2 if m.pp_degree == 1 else 1) * m.vocab_size * h / t + (h if m.vocab_size else 0)}
+
+
+def memory_held_gradients(m: MemoryInputs) -> float | None:
+    """Gradients a gathering strategy holds whole between micro-batches (their reduce-scatter
+    deferred to the last: see `memory_sharded_states`), or None when it does not."""
+    if m.gathered and "grads_bytes" not in memory_sharded_states(m):
+        return memory_model_state(m)["grads_bytes"]
+    return None
+
+
+def memory_loss_activations(m: MemoryInputs) -> dict[str, float]:
+    """What the embedding, the logits and the loss add at the loss, in bytes (0 without a vocabulary).
+
+    With T tokens and the rank's `logits = T x vocab_size / tp_degree` (tensor parallel's
+    `loss_parallel` keeps them sharded): `around_root` is the embedding's output and the
+    final norm's saved tensors, `4 x layer_input`, plus the output projection's input whole,
+    `c T h` (sequence parallel gathers it). Eager, the loss keeps the fp32 log-softmax
+    (`kept_logits`, 4 bytes per logit) and makes two fp32 logits-sized gradients
+    (`loss_temporaries`; three under `loss_parallel`). A compiled loss (`compiled_loss`,
+    the trainer's `--compile`, at `tp_degree` 1) fuses the upcast, the log-softmax and
+    their backward: it keeps the logits and writes their gradient at c bytes each.
+    """
+    c, logits = m.compute_bytes, m.tokens * m.vocab_size / m.tp_degree
+    fused = m.compiled_loss and m.tp_degree == 1
+    return {"around_root": 4 * m.layer_input + c * m.tokens * m.hidden if m.vocab_size else 0.0,
+            "kept_logits": c * logits if fused else 4 * logits,
+            "loss_temporaries": c * logits if fused else (3 if m.tp_degree > 1 else 2) * 4 * logits}
+
+
+def memory_loss_moments(m: MemoryInputs) -> list[dict[str, float]]:
+    """The step at the loss and, with a vocabulary, in the final norm's backward, by category.
+
+    At the loss: every stored activation plus `memory_loss_activations`, the root gathered
+    (`c x root` of `memory_parameter_counts`, under `zero3`/`fsdp`), and the sharded
+    gradients (none yet under `zero3`/`fsdp` unless accumulated ones are held). In the
+    final norm's backward the loss is freed and the output projection's gradient kept
+    (`c vocab h / tp_degree`); the norm's gradient arrives whole and its fp32 backward holds
+    six hidden-sized fp32 tensors, `24 T h / sp`.
+    """
+    c, grads, held = m.compute_bytes, memory_model_state(m)["grads_bytes"], memory_held_gradients(m)
+    stored, loss = memory_stored_activations(m)["stored_bytes"], memory_loss_activations(m)
+    at_loss = {"sharded_grads_bytes": 0.0 if m.gathered and held is None else grads,
+               "unsharded_params_bytes": c * memory_parameter_counts(m)["root"] if m.gathered else 0.0,
+               "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
+               "activation_bytes": stored + loss["around_root"] + loss["kept_logits"],
+               "temporary_bytes": loss["loss_temporaries"]}
+    if not m.vocab_size:
+        return [at_loss]
+    return [at_loss, {**at_loss, "activation_bytes": stored + 2 * m.layer_input,
+                      "temporary_bytes": c * m.vocab_size * m.hidden / m.tp_degree
+                      + 6 * 4 * m.tokens * m.hidden / m.sp_divisor}]
+
+
+def memory_block_moments(m: MemoryInputs) -> list[dict[str, float]]:
+    """Under `zero3`/`fsdp`, two moments of a block's backward, at the blocks where they peak.
+
+    Block `at` (0 nearest the input; the first and last two of a stage to run backward):
+    the blocks above it are done (their sharded gradients, `grad_bytes x block / N` each,
+    exist), the root and the block are gathered (`c (root + block)`), and the block above's
+    fp32 gradients wait for the reduce-scatter (`grad_bytes x block`). The next block down is
+    being gathered (`c x block`), except below block 0 and, as FSDPMemTracker shows, while
+    the first block to run backward finishes (with recompute, anywhere in it).
+
+    - Inside the SwiGLU's backward: the block's activations less the consumed product
+      (f-sized), and the gradients of four f-sized activations (fp32); with recompute also
+      the output projection's gradient and the block's input.
+    - The block's backward done: its bf16 gradients (the attention's counted twice by the
+      tracker) and their fp32 copy for the reduce-scatter.
+    """
+    if not m.gathered:
+        return []
+    c, layers, layer_input = m.compute_bytes, m.stage_layers, m.layer_input
+    counts, acts, held = memory_parameter_counts(m), memory_stored_activations(m), memory_held_gradients(m)
+    block, recomputed = counts["block"], m.tokens * c * m.ffn_hidden / m.tp_degree
+    output_grad, reducing = c * m.vocab_size * m.hidden / m.tp_degree, m.grad_bytes * block
+    moments = []
+    for at in sorted({0, min(1, layers - 1), max(layers - 2, 0), layers - 1}):
+        below = ((at + 1) * m.pp_degree * layer_input if m.activation_checkpointing
+                 else at * m.pp_degree * acts["kept_per_layer"])
+        done = (layers - 1 - at) * block * m.grad_bytes / m.world_size
+        common = {"sharded_grads_bytes": done if held is None else held,
+                  "unsharded_params_bytes": c * (counts["root"] + block)}
+        gathering = c * block if 0 < at < layers - 1 else 0.0
+        moments.append({**common, "all_gather_bytes": c * block if at > 0 and not m.activation_checkpointing
+                        else gathering, "reduce_scatter_bytes": reducing if at < layers - 1 else 0.0,
+                        "activation_bytes": below + acts["activation_bytes_per_layer"] - recomputed,
+                        "temporary_bytes": 4 * recomputed + (output_grad + layer_input
+                                                             if m.activation_checkpointing else 0)})
+        moments.append({**common, "all_gather_bytes": gathering, "reduce_scatter_bytes": reducing,
+                        "activation_bytes": below + 2 * layer_input,
+                        "temporary_bytes": c * (block + counts["attention"]) + output_grad + 2 * layer_input})
+    return moments
+
+
+def memory_peak(m: MemoryInputs) -> dict[str, float]:
+    """The step's per-rank peak, as PyTorch's `FSDPMemTracker` measures it, by its categories.
+
+    The largest of `memory_loss_moments` and `memory_block_moments` by their sum, plus what
+    every moment holds: the sharded parameters, the optimizer state, and the token ids
+    (`input_bytes`: 8 bytes each, int64, with a vocabulary).
+    """
+    state = memory_model_state(m)
+    token_ids = 8 * m.tokens if m.vocab_size else 0.0
+    worst = max(memory_loss_moments(m) + memory_block_moments(m), key=lambda moment: sum(moment.values()))
+    fixed = state["params_bytes"] + (state["master_bytes"] + state["optimizer_bytes"]) + token_ids
+    return {**worst, "input_bytes": token_ids, "total_bytes": fixed + sum(worst.values())}
+
+
 def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro_batch: int,
            hidden: int, n_heads: int, n_layers: int, activation_checkpointing: bool = False,
            stores_attention_scores: bool = False, param_bytes: float = 2, grad_bytes: float = 2,
@@ -68,97 +452,31 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
            fsdp_grad_sync: str = "last", compiled_loss: bool = False) -> dict[str, float]:
     """Memory per GPU for training with Adam: model state, sharded or not, plus activations.
 
-    Model state is `params x (param_bytes + grad_bytes + master_bytes + optimizer_bytes)`,
-    by default 2 + 2 + 4 + 8 = 16 bytes per parameter (bf16 weights and gradients, an fp32
-    master copy, fp32 Adam first and second moments; Rajbhandari et al., *ZeRO*, 2020).
-    PyTorch autocast keeps fp32 weights and gradients and no master copy: 4 + 4 + 0 + 8,
-    also 16; FSDP2 with a bf16 `MixedPrecisionPolicy` keeps fp32 sharded weights and
-    gradients, also 4 + 4 + 0 + 8. Sharding over `world_size` N divides by N:
+    The answer is composed of named parts, each with its formula: the model state
+    (`memory_model_state`, sharded as `memory_sharded_states` says), the activations of a
+    layer's attention, MLP and norms (`memory_attention_activations`,
+    `memory_mlp_activations`, `memory_norm_activations`, summed by
+    `memory_layer_activations`) as recompute and the pipeline store them
+    (`memory_stored_activations`), and, with `transients`, the step's peak (`memory_peak`):
+    the largest of the moments at the loss (`memory_loss_moments`, with the embedding and
+    logits of `memory_loss_activations`) and inside a block's backward under `zero3`/`fsdp`
+    (`memory_block_moments`, with the all-gather and reduce-scatter buffers).
 
-    - `ddp`: nothing (every rank holds a full replica);
-    - `zero1`: the master weights and the optimizer state;
-    - `zero2`: those and the gradients;
-    - `zero3` or `fsdp` (FSDP2 is ZeRO-3): everything.
-
-    Tensor and pipeline parallelism divide the parameters a rank holds by
-    `tp_degree x pp_degree` before that.
-
-    Activations per transformer layer, `compute_bytes` (c) per element, T = `seq_len x
-    micro_batch / cp_degree` tokens per rank, kv = `hidden x n_kv_heads / n_heads`, f =
-    `ffn_hidden`:
-
-    - a GPT block (`gated_mlp` off; Korthikanti et al., 2022, §4):
-      `T x (c (6 hidden + 2 kv + 2 f) + 2 hidden)`, the last term the two dropout masks; with
-      the defaults (c = 2, kv = hidden, f = 4 hidden) it is their `34 x T x hidden`;
-    - a Llama block (`gated_mlp` on: RMSNorm, SwiGLU, no dropout), as PyTorch's autograd
-      saves it: `T x (c (12 hidden + 2 kv + 4 f) + 4 n_heads + 8)`: the residual stream,
-      the two RMSNorms' saved inputs and fp32 intermediates, q/k/v, the attention output and
-      its contiguous copy, the three SwiGLU products, the attention's fp32 log-sum-exp and the
-      norms' fp32 reciprocals.
-
-    Both add `5 x n_heads x seq_len` bytes per token when `stores_attention_scores`
-    (unfused attention keeps the scores; PyTorch's `scaled_dot_product_attention` does not).
-    Tensor parallelism divides the parts inside the attention and the MLP by `tp_degree`;
-    the hidden-sized tensors around them only with `sequence_parallel`. In the Llama block
-    as PyTorch runs it (`parallelize_module`) one of the 12 hidden-sized tensors, the
-    row-parallel output, is whole on every rank, so 10 sit around the parallel region; and
-    sequence parallel keeps the all-gathered inputs of q/k/v, w1 and w3 (each its own copy,
-    `3 c hidden` whole) where Megatron-LM gathers them again in backward. With full activation
-    checkpointing every layer keeps only its input, `c x T x hidden`, and one layer's
-    activations are live while it is recomputed. Under a pipeline the first stage holds
-    `pp_degree` micro-batches of its `n_layers / pp_degree` layers (1F1B), as many as all
-    layers of one micro-batch.
-
-    Selective recompute (Korthikanti et al., §5) stores everything but the attention
-    scores and recomputes them in backward: it removes the `5 x n_heads x seq_len` term
-    (one layer's scores are live while recomputed) and changes nothing with fused
-    attention, whose backward already recomputes the scores. Offloading the optimizer
-    (ZeRO-Offload) moves the master copy and the optimizer state to host memory:
-    `offloaded_bytes`, no longer counted per GPU.
-
-    Gradient accumulation runs `grad_accum_steps` micro-batches per optimizer step. It
-    does not change the activations (each micro-batch's are freed by its backward) or the
-    model state; it multiplies the tokens per step. What it can change is the gradients:
-    when the gradients are sharded (`zero2`, `zero3`, `fsdp`) and the reduce-scatter waits
-    for the last micro-batch (`fsdp_grad_sync="last"`, FSDP2's
-    `set_requires_gradient_sync(False)` and the trainer's default), every rank holds its
-    gradients unsharded between micro-batches; `"every"` keeps them sharded and reduces
-    on every micro-batch.
-
-    With `transients` off (the default) the answer is that steady state: model state plus
+    With `transients` off (the default) the answer is the steady state: model state plus
     stored activations. With it on, `total_bytes` is the per-rank peak of a training step
-    as PyTorch's `FSDPMemTracker` measures it, the largest of these moments:
+    as PyTorch's `FSDPMemTracker` measures it. Gradient accumulation changes neither the
+    activations (each micro-batch's are freed by its backward) nor, unless the gradients
+    are held unsharded between micro-batches, the model state.
 
-    - the loss: every layer's activations, the unsharded root (embedding and output
-      projection, `2 x vocab_size x hidden`, kept gathered through the step), the fp32
-      log-softmax of the logits stored, and two fp32 logits-sized gradients (three under
-      tensor parallel's `loss_parallel`, which keeps its sharded logits); a compiled loss
-      (`compiled_loss`, the trainer's `--compile`; not applied to `loss_parallel`) fuses the upcast,
-      log-softmax and their backward, so it keeps the logits at `compute_bytes` and writes
-      their gradient at `compute_bytes`, 2c bytes per logit where eager holds 12;
-    - the final norm's backward: the output projection's bf16 gradient and six fp32
-      hidden-sized tensors (whole on every tensor-parallel rank without sequence parallel);
-    - (`zero3`/`fsdp`) inside the SwiGLU backward of a block: the root and that block
-      gathered (`unsharded_params_bytes`), the next block's all-gather buffer
-      (`all_gather_bytes`), the block above's fp32 gradients on their way to the
-      reduce-scatter (`reduce_scatter_bytes`), the sharded gradients of the blocks done,
-      the block's activations (recomputed under checkpointing) less the product already
-      consumed, and the gradients of four f-sized activations;
-    - (`zero3`/`fsdp`) the end of a block's backward: its bf16 gradients (the attention's
-      counted twice by the tracker) and their fp32 copy for the reduce-scatter.
-
-    Each is taken at the blocks where it is largest (the first and last two to run
-    backward), with the prefetch the tracker shows: none below block 0 and none in the
-    first block to run backward, except inside its SwiGLU without recompute. On the
-    certified grid (`python -m reference_impl.memory_grid`) the peak is within 5% of the
-    tracker's, tensor parallel (with and without sequence parallel) inside FSDP2 included,
-    against PyTorch's `MemTracker`; not modelled: tensor parallel of 4 or more without
-    sequence parallel under recompute, where the peak moves into a block's RMSNorm backward
-    (its fp32 tensors whole on every rank; 10% low on the reduced case). The pipeline and
-    context-parallel terms are Megatron-LM's accounting, not certified. Not counted: the
-    allocator's fragmentation and its cached free blocks, which depend on the order of
-    allocations and on the allocator, not on sizes (PyTorch's `expandable_segments` makes
-    them small).
+    On the certified grid (`python -m reference_impl.memory_grid`) the peak is within 5% of
+    the tracker's, tensor parallel (with and without sequence parallel) inside FSDP2
+    included, against PyTorch's `MemTracker`; not modelled: tensor parallel of 4 or more
+    without sequence parallel under recompute, where the peak moves into a block's RMSNorm
+    backward (its fp32 tensors whole on every rank; 10% low on the reduced case). The
+    pipeline and context-parallel terms are Megatron-LM's accounting, not certified. Not
+    counted: the allocator's fragmentation and its cached free blocks, which depend on the
+    order of allocations and on the allocator, not on sizes (PyTorch's
+    `expandable_segments` makes them small).
 
     Args:
         params: Number of model parameters.
@@ -186,7 +504,7 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
         cp_degree: Context-parallel ranks; divides `seq_len`.
         sequence_parallel: Shard the hidden-sized activations over the tensor-parallel ranks too.
         compute_bytes: Bytes per element of gathered weights and of activations (bf16: 2).
-        transients: Count what lives only at the step's peak (see above).
+        transients: Count what lives only at the step's peak (`memory_peak`).
         selective_recompute: Recompute only the attention scores (excludes
             `activation_checkpointing`).
         offload_optimizer: Keep the master copy and the optimizer state in host memory.
@@ -213,148 +531,17 @@ def memory(*, params: float, world_size: int, strategy: str, seq_len: int, micro
             pipeline stages, the sequence by the context-parallel degree), or both kinds of
             recompute at once.
     """
-    p = _positive("params", params)
-    n = _count("world_size", world_size)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    s, b = _count("seq_len", seq_len), _count("micro_batch", micro_batch)
-    h, a, layers = _count("hidden", hidden), _count("n_heads", n_heads), _count("n_layers", n_layers)
-    if h % a:
-        raise ValueError(f"hidden ({h}) must be a multiple of n_heads ({a})")
-    checkpointing = _flag("activation_checkpointing", activation_checkpointing)
-    scores = _flag("stores_attention_scores", stores_attention_scores)
-    sizes = {"params_bytes": _positive("param_bytes", param_bytes),
-             "grads_bytes": _non_negative("grad_bytes", grad_bytes),
-             "master_bytes": _non_negative("master_bytes", master_bytes),
-             "optimizer_bytes": _non_negative("optimizer_bytes", optimizer_bytes)}
-    f = 4 * h if ffn_hidden is None else _count("ffn_hidden", ffn_hidden)
-    gated = _flag("gated_mlp", gated_mlp)
-    kv_heads = a if n_kv_heads is None else _count("n_kv_heads", n_kv_heads)
-    vocab = _count("vocab_size", vocab_size, 0)
-    t, pp = _count("tp_degree", tp_degree), _count("pp_degree", pp_degree)
-    cp = _count("cp_degree", cp_degree)
-    sp = _flag("sequence_parallel", sequence_parallel)
-    c = _positive("compute_bytes", compute_bytes)
-    peak = _flag("transients", transients)
-    selective = _flag("selective_recompute", selective_recompute)
-    offload = _flag("offload_optimizer", offload_optimizer)
-    compiled = _flag("compiled_loss", compiled_loss)
-    accum = _count("grad_accum_steps", grad_accum_steps)
-    if fsdp_grad_sync not in GRAD_SYNCS:
-        raise ValueError(f"fsdp_grad_sync must be one of {', '.join(GRAD_SYNCS)}, got {fsdp_grad_sync!r}")
-    if checkpointing and selective:
-        raise ValueError("activation_checkpointing and selective_recompute exclude each other")
-    if a % kv_heads:
-        raise ValueError(f"Attention heads ({a}) must be a multiple of key/value heads ({kv_heads})")
-    if a % t or kv_heads % t:
-        raise ValueError(f"Attention heads ({a}) and key/value heads ({kv_heads}) must be multiples "
-                         f"of the tensor-parallel degree ({t})")
-    if layers % pp:
-        raise ValueError(f"Layers ({layers}) must be a multiple of the pipeline stages ({pp})")
-    if s % cp:
-        raise ValueError(f"Sequence length ({s}) must be a multiple of the context-parallel degree ({cp})")
-
-    sharded = {"ddp": (), "zero1": ("master_bytes", "optimizer_bytes"),
-               "zero2": ("master_bytes", "optimizer_bytes", "grads_bytes")}.get(strategy, tuple(sizes))
-    if accum > 1 and fsdp_grad_sync == "last":  # accumulated unsharded until the last micro-batch
-        sharded = tuple(key for key in sharded if key != "grads_bytes")
-    state = {key: p / (t * pp) * per_param / (n if key in sharded else 1) for key, per_param in sizes.items()}
-    offloaded = state["master_bytes"] + state["optimizer_bytes"] if offload else 0.0
-    if offload:
-        state["master_bytes"] = state["optimizer_bytes"] = 0.0
-    model_state = state["params_bytes"] + state["grads_bytes"] + state["master_bytes"] + state["optimizer_bytes"]
-
-    tokens = s * b / cp
-    kv = h // a * kv_heads
-    sp_divisor = t if sp else 1
-    gathered_inputs = 0.0
-    if gated:  # 12 hidden-sized: q and the attention output inside TP's region, 10 around it
-        around, inside = c * 10 * h + 8, c * (h + 2 * kv + h + 4 * f) + 4 * a
-        if sp and t > 1:
-            # DTensor's sequence parallel all-gathers the sequence before each column-parallel
-            # projection, which saves the gathered input: q/k/v's and, each its own, w1's and
-            # w3's, in place of the two sequence-sharded norm outputs.
-            around, gathered_inputs = around - 2 * c * h, 3 * c * h
-    else:  # Korthikanti's 10 sbh outside the tensor-parallel region, 24 sbh inside
-        around, inside = c * 4 * h + 2 * h, c * (2 * h + 2 * kv + 2 * f)
-    score_bytes = tokens * 5 * a * s / cp / t if scores else 0.0
-    per_layer = tokens * (around / sp_divisor + gathered_inputs + inside / t) + score_bytes
-    recomputed_scores = score_bytes if selective else 0.0  # one layer's, live while recomputed
-    kept = per_layer - recomputed_scores
-    stage_layers = layers // pp
-    layer_input = c * tokens * h / sp_divisor
-    # 1F1B: the first stage holds pp micro-batches of its layers, as many as n_layers of one.
-    stored = stage_layers * pp * (layer_input if checkpointing else kept)
-    activations = stored + (per_layer if checkpointing else recomputed_scores)
-    out = {**state, "model_state_bytes": model_state, "activation_bytes_per_layer": per_layer,
-           "activation_bytes": activations, "sharded_params_bytes": state["params_bytes"],
+    m = memory_inputs(locals())
+    state, activations = memory_model_state(m), memory_stored_activations(m)
+    out = {**{key: state[key] for key in MODEL_STATES}, "model_state_bytes": state["model_state_bytes"],
+           "activation_bytes_per_layer": activations["activation_bytes_per_layer"],
+           "activation_bytes": activations["activation_bytes"], "sharded_params_bytes": state["params_bytes"],
            "sharded_grads_bytes": state["grads_bytes"],
            "optimizer_state_bytes": state["master_bytes"] + state["optimizer_bytes"],
            "unsharded_params_bytes": 0.0, "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
-           "temporary_bytes": 0.0, "input_bytes": 0.0, "offloaded_bytes": offloaded,
-           "total_bytes": model_state + activations}
-    if not peak:
-        return out
-
-    gathered = strategy in ("zero3", "fsdp") and n > 1
-    # Gradients held from earlier micro-batches when their reduce-scatter is deferred.
-    held = state["grads_bytes"] if gathered and "grads_bytes" not in sharded else None
-    block_params = (h * (h + 2 * kv) + h * h + (3 if gated else 2) * h * f) / t + 2 * h
-    # Under a pipeline the last stage holds the output projection and the logits, the larger end.
-    root_params = (2 if pp == 1 else 1) * vocab * h / t + (h if vocab else 0)
-    logits = tokens * vocab / t
-    # The embedding's output and the final norm's saved tensors; the output projection's input
-    # whole (sequence parallel gathers it).
-    around_root = 4 * layer_input + c * tokens * h if vocab else 0
-    # Eager: the fp32 log-softmax kept, two fp32 logits-sized gradients; loss parallel (tensor
-    # parallel) a third, exp(log-softmax). Compiled: the logits kept and their gradient.
-    fused = compiled and t == 1
-    kept_logits = c * logits if fused else 4 * logits
-    loss_temporaries = c * logits if fused else (3 if t > 1 else 2) * 4 * logits
-    loss = {"sharded_grads_bytes": 0.0 if gathered and held is None else state["grads_bytes"],
-            "unsharded_params_bytes": c * root_params if gathered else 0.0,
-            "all_gather_bytes": 0.0, "reduce_scatter_bytes": 0.0,
-            "activation_bytes": stored + around_root + kept_logits, "temporary_bytes": loss_temporaries}
-    moments = [loss]
-    if vocab:
-        # The final norm's backward: the loss is freed, the output projection's gradient kept;
-        # the norm's gradient arrives whole (reduced over TP ranks without sequence parallel)
-        # and its fp32 backward holds six hidden-sized fp32 tensors.
-        moments.append({**loss, "activation_bytes": stored + 2 * layer_input,
-                        "temporary_bytes": c * vocab * h / t + 6 * 4 * tokens * h / sp_divisor})
-    if gathered:
-        # Block `at` (0 nearest the input) in backward: the blocks above it are done (their
-        # sharded gradients exist) and the output projection's bf16 gradient waits for the
-        # root's reduce-scatter at the end of backward. The next block down is being
-        # gathered, except below block 0 and, as the tracker shows, while the first block to
-        # run backward finishes (or, with recompute, at any time in that block).
-        recomputed = tokens * c * f / t
-        attention_params = (h * (h + 2 * kv) + h * h) / t
-        output_grad = c * vocab * h / t
-        for at in sorted({0, min(1, stage_layers - 1), max(stage_layers - 2, 0), stage_layers - 1}):
-            below = (at + 1) * pp * layer_input if checkpointing else at * pp * kept
-            done = (stage_layers - 1 - at) * block_params * sizes["grads_bytes"] / n
-            common = {"sharded_grads_bytes": done if held is None else held,
-                      "unsharded_params_bytes": c * (root_params + block_params)}
-            gathering = c * block_params if 0 < at < stage_layers - 1 else 0.0
-            reducing = sizes["grads_bytes"] * block_params
-            # Inside the SwiGLU's backward: the block's activations less its consumed product;
-            # the block above's fp32 reduce-scatter input is still in flight.
-            prefetched = c * block_params if at > 0 and not checkpointing else gathering
-            moments.append({**common, "all_gather_bytes": prefetched,
-                            "reduce_scatter_bytes": reducing if at < stage_layers - 1 else 0.0,
-                            "activation_bytes": below + per_layer - recomputed,
-                            "temporary_bytes": 4 * recomputed + (output_grad + layer_input if checkpointing else 0)})
-            # The block's backward done: its bf16 gradients (the attention's twice) and their
-            # fp32 copy for the reduce-scatter.
-            moments.append({**common, "all_gather_bytes": gathering, "reduce_scatter_bytes": reducing,
-                            "activation_bytes": below + 2 * layer_input,
-                            "temporary_bytes": c * (block_params + attention_params) + output_grad
-                            + 2 * layer_input})
-    token_ids = 8 * tokens if vocab else 0.0  # int64
-    worst = max(moments, key=lambda m: sum(m.values()))
-    fixed = out["sharded_params_bytes"] + out["optimizer_state_bytes"] + token_ids
-    return {**out, **worst, "input_bytes": token_ids, "total_bytes": fixed + sum(worst.values())}
+           "temporary_bytes": 0.0, "input_bytes": 0.0, "offloaded_bytes": state["offloaded_bytes"],
+           "total_bytes": state["model_state_bytes"] + activations["activation_bytes"]}
+    return {**out, **memory_peak(m)} if m.transients else out
 
 
 def ring_allreduce(*, size_bytes: float, world_size: int, bandwidth_bytes_per_s: float,

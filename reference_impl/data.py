@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 # --8<-- [end:imports]
+from reference_impl.options.training import SEED_STRIDE
 
 # --8<-- [start:sample]
 Sample = tuple[torch.Tensor, torch.Tensor, int]
@@ -100,7 +101,7 @@ class ResumableDistributedSampler(Sampler[int]):
 
     def epoch_permutation(self) -> torch.Tensor:
         """The epoch's global order, before the tail is dropped."""
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        gen = torch.Generator().manual_seed(self.seed * SEED_STRIDE + self.epoch)
         return torch.randperm(self.num_samples, generator=gen)
 
     def __iter__(self) -> Iterator[int]:
@@ -126,7 +127,9 @@ class ResumableDistributedSampler(Sampler[int]):
         `step` optimizer steps when given (a checkpoint is untrusted input).
 
         An epoch starts at a step boundary and lasts at most `steps_per_epoch` steps, so
-        after step k the epoch is k // steps_per_epoch, or one less when it just ended.
+        after step k the epoch e is k // steps_per_epoch, or one less when it just ended,
+        and the progress is exactly k - e * steps_per_epoch global batches: more would skip
+        samples (or, at the epoch's end, leave the loop no batch to draw), less repeat them.
         """
         keys = ("epoch", "consumed", "seed", "num_samples", "global_batch_size")
         if not isinstance(state, dict) or any(type(state.get(key)) is not int for key in keys):
@@ -137,8 +140,13 @@ class ResumableDistributedSampler(Sampler[int]):
         usable = self.steps_per_epoch * self.global_batch_size
         if not 0 <= state["consumed"] <= usable or state["consumed"] % self.global_batch_size:
             raise ValueError(f"saved progress {state['consumed']} is not an optimizer-step boundary in [0, {usable}]")
-        epoch = None if step is None else step // self.steps_per_epoch
-        if epoch is not None and not max(epoch - 1, 0) <= state["epoch"] <= epoch:
+        if step is None:
+            return
+        epoch = step // self.steps_per_epoch
+        if not max(epoch - 1, 0) <= state["epoch"] <= epoch:
             raise ValueError(f"saved epoch {state['epoch']} cannot follow step {step} "
                              f"({self.steps_per_epoch} steps per epoch)")
+        if state["consumed"] != (step - state["epoch"] * self.steps_per_epoch) * self.global_batch_size:
+            raise ValueError(f"saved progress {state['consumed']} cannot follow step {step} in epoch "
+                             f"{state['epoch']} ({self.steps_per_epoch} steps of {self.global_batch_size} per epoch)")
 # --8<-- [end:resumable_sampler]

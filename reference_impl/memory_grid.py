@@ -42,8 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from reference_impl import calc
-from reference_impl.shapes import LLAMA3_70B, LLAMA3_405B, LLAMA_7B, LLAMA_13B, Shape, llama_params
+from reference_impl.shapes import LLAMA3_70B, LLAMA3_405B, LLAMA_7B, LLAMA_13B, Shape, fsdp2_memory, llama_params
 
 COMMAND = "python -m reference_impl.memory_grid"
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "data"
@@ -146,6 +145,20 @@ def fake_world(world_size: int, replicas: int = 1) -> Iterator[DeviceMesh]:
         dist.destroy_process_group()
 
 
+def fsdp2(model: Llama, mesh: DeviceMesh, activation_checkpointing: bool) -> None:
+    """Shard `model` as the trainer does: every block (recomputed in backward when asked), then
+    the root, under the bf16 `MixedPrecisionPolicy` with fp32 gradient reduction."""
+    from torch.distributed._composable.checkpoint_activation import checkpoint
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        if activation_checkpointing:
+            checkpoint(block)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
 def track(config: Config) -> dict[str, int]:
     """The tracker's per-rank peak bytes by category for one training step of `config`.
 
@@ -154,20 +167,13 @@ def track(config: Config) -> dict[str, int]:
     """
     if config.tp > 1:
         return track_tensor_parallel(config)
-    from torch.distributed._composable.checkpoint_activation import checkpoint
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     shape = config.shape
     with fake_world(config.world_size, config.replicas) as mesh:
         with torch.device("meta"):
             model = Llama(shape)
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.blocks:
-            if config.activation_checkpointing:
-                checkpoint(block)
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+        fsdp2(model, mesh, config.activation_checkpointing)
         model.to_empty(device="cpu")
         # foreach=False: under fake tensors the tracker counts the foreach kernels' temporaries
         # at the unsharded size (megabytes where a real run allocates kilobytes); the per-tensor
@@ -245,9 +251,7 @@ def track_tensor_parallel(config: Config) -> dict[str, int]:
     as in a real run.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._composable.checkpoint_activation import checkpoint
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import _sharding_prop
     from torch.distributed.tensor.parallel import loss_parallel
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -259,12 +263,7 @@ def track_tensor_parallel(config: Config) -> dict[str, int]:
         with torch.device("meta"):
             model = Llama(shape)
         tensor_parallel(model, mesh["tp"], config.sequence_parallel)
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in model.blocks:
-            if config.activation_checkpointing:
-                checkpoint(block)
-            fully_shard(block, mesh=mesh["shard"], mp_policy=policy)
-        fully_shard(model, mesh=mesh["shard"], mp_policy=policy)
+        fsdp2(model, mesh["shard"], config.activation_checkpointing)
         # The meta parameters are not the fake mode's own tensors: it may read their metadata.
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
@@ -282,14 +281,10 @@ def track_tensor_parallel(config: Config) -> dict[str, int]:
 
 def predict(config: Config) -> dict[str, float]:
     """`calc.memory` for `config` as the trainer runs it: FSDP2, bf16 compute, fp32 state."""
-    s = config.shape
-    return calc.memory(
-        params=llama_params(s), world_size=config.world_size, strategy="fsdp", seq_len=config.seq_len,
-        micro_batch=config.micro_batch, hidden=s.hidden, n_heads=s.n_heads, n_layers=s.n_layers,
-        activation_checkpointing=config.activation_checkpointing, param_bytes=4, grad_bytes=4, master_bytes=0,
-        optimizer_bytes=8, ffn_hidden=s.ffn_hidden, gated_mlp=True, n_kv_heads=s.n_kv_heads,
-        vocab_size=s.vocab_size, tp_degree=config.tp, sequence_parallel=config.sequence_parallel, compute_bytes=2,
-        transients=True)
+    return fsdp2_memory(config.shape, params=llama_params(config.shape), world_size=config.world_size,
+                        seq_len=config.seq_len, micro_batch=config.micro_batch,
+                        activation_checkpointing=config.activation_checkpointing, tp_degree=config.tp,
+                        sequence_parallel=config.sequence_parallel)
 
 
 def grid() -> list[Config]:
@@ -336,6 +331,12 @@ def row(config: Config) -> dict[str, Any]:
             "calculator": {key: predicted[key] for key in CATEGORIES.values()},
             "error": predicted["total_bytes"] / measured["Total"] - 1,
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+def config_of(row: dict[str, Any]) -> Config:
+    """The configuration a committed row (as `row` writes it) was measured for."""
+    return Config(Shape(**row["shape"]), row["world_size"], row["activation_checkpointing"], row["seq_len"],
+                  row["micro_batch"], row.get("replicas", 1), row.get("tp", 1), row.get("sequence_parallel", False))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from reference_impl import calc
 from reference_impl.calc import _count, _flag, _positive
-from reference_impl.shapes import LLAMA3_70B, Shape, llama_params
+from reference_impl.shapes import LLAMA3_70B, Shape, fsdp2_memory, llama_params
 
 PARAM_BYTES = 2  # bf16 parameters gathered by FSDP2's all-gathers
 GRAD_BYTES = 2  # bf16 gradients reduced: the search's assumption (the trainer reduces in fp32)
@@ -211,12 +211,8 @@ def evaluate(job: Job, *, dp_replicate: int, dp_shard: int, tp: int, pp: int, mi
     m = job.global_batch // (r * s * b)
     shape = job.shape
     stage_params, stage_layers = job.params / (t * p), shape.n_layers // p
-    mem = calc.memory(params=job.params, world_size=s, strategy="fsdp", seq_len=job.seq_len, micro_batch=b,
-                      hidden=shape.hidden, n_heads=shape.n_heads, n_layers=shape.n_layers,
-                      activation_checkpointing=ac, param_bytes=4, grad_bytes=4, master_bytes=0, optimizer_bytes=8,
-                      ffn_hidden=shape.ffn_hidden, gated_mlp=True, n_kv_heads=shape.n_kv_heads,
-                      vocab_size=shape.vocab_size, tp_degree=t, pp_degree=p, sequence_parallel=True,
-                      compute_bytes=2, transients=True)
+    mem = fsdp2_memory(shape, params=job.params, world_size=s, seq_len=job.seq_len, micro_batch=b,
+                       activation_checkpointing=ac, tp_degree=t, pp_degree=p, sequence_parallel=True)
     total = mem["total_bytes"]
     compute = calc.step_time(flops_per_sample=job.flops_per_sequence * (RECOMPUTE if ac else 1),
                              samples_per_step=job.global_batch, n_gpus=job.n_gpus,

@@ -2,13 +2,16 @@
 
 The memory grid (`reference_impl.memory_grid`) builds these shapes on fake tensors to
 certify `calc.memory`; the configuration search (`reference_impl.plan`) prices meshes for
-them. Both count parameters with `llama_params`, so the search's model is, byte for byte,
-the one the tracker measured.
+them. Both count parameters with `llama_params` and price memory with `fsdp2_memory`, so
+the search's model is, byte for byte, the one the tracker measured.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from reference_impl import calc
 
 
 @dataclass(frozen=True)
@@ -37,3 +40,18 @@ def llama_params(shape: Shape) -> int:
     h, kv = shape.hidden, shape.hidden // shape.n_heads * shape.n_kv_heads
     block = 2 * h + h * (h + 2 * kv) + h * h + 3 * h * shape.ffn_hidden
     return shape.n_layers * block + 2 * shape.vocab_size * h + h
+
+
+def fsdp2_memory(shape: Shape, **inputs: Any) -> dict[str, float]:
+    """`calc.memory`'s per-rank peak for a Llama of `shape` as the trainer runs it under FSDP2:
+    bf16 compute over fp32 sharded weights, gradients and Adam moments (no master copy).
+
+    Args:
+        shape: The model's sizes.
+        **inputs: The rest of `calc.memory`'s inputs (`params`, `world_size`, the batch, the
+            parallel degrees, recompute).
+    """
+    return calc.memory(strategy="fsdp", hidden=shape.hidden, n_heads=shape.n_heads, n_layers=shape.n_layers,
+                       ffn_hidden=shape.ffn_hidden, gated_mlp=True, n_kv_heads=shape.n_kv_heads,
+                       vocab_size=shape.vocab_size, param_bytes=4, grad_bytes=4, master_bytes=0, optimizer_bytes=8,
+                       compute_bytes=2, transients=True, **inputs)

@@ -7,11 +7,9 @@ Run it alone on one process, or under torchrun for one process per device:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
-import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +43,7 @@ from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model, spec_of
 from reference_impl.parallel import dims_of, parallelize
 from reference_impl.pipeline import build_pipeline
+from reference_impl.sample_log import SampleLog, sample_log_files
 from reference_impl.state import TrainState, state_digest
 from reference_impl.step import build_optimizer, build_scaler, build_scheduler, pipeline_train_step, train_step
 
@@ -80,75 +79,6 @@ def build_state(cfg: TrainConfig, ctx: DistContext, replicas: int = 1, replica: 
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),
                       build_scaler(cfg, ctx.device), sampler, loader, mesh, pipeline)
-
-
-class SampleLog:
-    """Appends, per rank, the dataset indices of every committed optimizer step (JSONL).
-
-    At every start the log is cut back to the restored step (0 without a checkpoint), so
-    it always describes the training history the final model actually went through,
-    replays included once.
-    """
-
-    def __init__(self, directory: str | None, ctx: DistContext) -> None:
-        self.path = Path(directory) / f"rank{ctx.rank}.jsonl" if directory else None
-        self.ctx = ctx
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def append(self, step: int, epoch: int, indices: list[torch.Tensor]) -> None:
-        """Record the samples of one committed step."""
-        if self.path:
-            with self.path.open("a") as f:
-                f.write(json.dumps({"step": step, "epoch": epoch,
-                                    "indices": torch.cat(indices).tolist()}) + "\n")
-
-    def truncate(self, step: int) -> None:
-        """Drop the entries after `step` (steps that will be trained again), for every rank.
-
-        Rank 0 cuts the file of every rank that ever wrote, not only the live ones: after
-        a change to a smaller world size, a departed rank's entries for replayed steps
-        would otherwise stay. The barrier keeps every rank from appending before that.
-        """
-        if not self.path:
-            return
-        if self.ctx.is_main:
-            for file in sample_log_files(self.path.parent):
-                keep = [line for line in file.read_text().splitlines() if line and _logged_step(file, line) <= step]
-                tmp = file.with_suffix(".tmp")
-                tmp.write_text("".join(line + "\n" for line in keep))
-                os.replace(tmp, file)
-        if self.ctx.distributed:
-            dist.barrier()
-
-
-def sample_log_files(directory: Path) -> list[Path]:
-    """Every rank's file in a sample log directory, each a regular file.
-
-    Raises:
-        ConfigError: A `rank*.jsonl` entry is a directory, a link, a FIFO or a device
-            (opening a FIFO to read it would wait forever for a writer).
-    """
-    files = sorted(directory.glob("rank*.jsonl"))
-    for file in files:
-        if not stat.S_ISREG(file.lstat().st_mode):
-            raise ConfigError(f"sample_log {directory} holds {file.name}, which is not a regular file")
-    return files
-
-
-def _logged_step(file: Path, line: str) -> int:
-    """The step of one sample log entry.
-
-    Raises:
-        ConfigError: The line is not an entry this log writes.
-    """
-    try:
-        step = json.loads(line)["step"]
-    except (ValueError, TypeError, KeyError):
-        step = None
-    if type(step) is not int:
-        raise ConfigError(f"sample_log {file} holds a line that is not a sample log entry: {line[:60]!r}")
-    return step
 
 
 class NonFiniteLoss(RuntimeError):

@@ -28,6 +28,7 @@ from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, Preemption, loader_worker_init
 from reference_impl.metrics import EventLog
+from reference_impl.options.training import SEED_STRIDE
 from reference_impl.step import lr_multiplier
 
 pytestmark = pytest.mark.timeout(120)
@@ -334,7 +335,7 @@ def test_progress_bookkeeping_failures_raise_the_checkpoint_error(tmp_path: Path
 
 @pytest.mark.parametrize("flags,message", [
     (["--seed", str(2**64)], "seed must be in"),
-    (["--seed", str((2**64 - 1 - 2) // 1_000_003 + 1)], "seed must be in"),  # epoch 2 would overflow
+    (["--seed", str((2**64 - 1 - 2) // SEED_STRIDE + 1)], "seed must be in"),  # epoch 2 would overflow
     (["--num-workers", "1000000"], "num_workers"),
     (["--checkpoint-dir", "x" * 256], "longer than 255 bytes"),
     (["--max-steps", str(10**8)], "max_steps must be at most 99999999"),  # step-NNNNNNNN has eight digits

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
 from reference_impl.data import ResumableDistributedSampler, SyntheticClassification
+from reference_impl.options.training import SEED_STRIDE
+
+ROOT = Path(__file__).resolve().parents[1]
+# Standalone files a reader pastes into a notebook (torch alone), and the notebook generated
+# from one: they cannot import the package's constant, so they spell it out.
+STANDALONE = {"reference_impl/interview_core.py", "reference_impl/notebook.py", "notebooks/interview_trainer.ipynb"}
 
 CASES = [(n, w, m, seed)
          for n in (1, 7, 64, 100, 1000, 1537)
@@ -126,3 +134,19 @@ def test_progress_counts_trained_samples_under_worker_prefetch(num_workers: int)
     resumed.load_state_dict(state)
     rest = torch.cat([b[2] for b in loader(resumed)]).tolist()
     assert seen + rest == sampler.epoch_permutation()[: (n // micro) * micro].tolist()
+
+
+def test_the_seed_stride_is_written_once() -> None:
+    """`SEED_STRIDE` is defined in one place and imported wherever the package seeds an epoch;
+    only the standalone files spell it out, and each of their samplers uses the same value."""
+    stride = re.compile(r"(?<![\d_])" + "_?".join(str(SEED_STRIDE)) + r"(?![\d_])")
+    folders = ("reference_impl", "tests", "docs", "notebooks", "scripts")
+    files = [p for folder in folders for p in (ROOT / folder).rglob("*")
+             if p.suffix in {".py", ".md", ".js", ".ipynb", ".sh", ".yml"}]
+    holders = {p.relative_to(ROOT).as_posix(): len(stride.findall(p.read_text(encoding="utf-8"))) for p in files}
+    holders = {path: n for path, n in holders.items() if n}
+    assert set(holders) == STANDALONE | {"reference_impl/options/training.py"}
+    assert holders["reference_impl/options/training.py"] == 1  # the definition
+    for path in STANDALONE:
+        spelled = re.findall(r"self\.seed \* ([\d_]+) \+ self\.epoch", (ROOT / path).read_text(encoding="utf-8"))
+        assert spelled and {int(literal) for literal in spelled} == {SEED_STRIDE}, path

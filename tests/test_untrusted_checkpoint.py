@@ -298,6 +298,8 @@ MISFITS: dict[str, tuple[Callable[[Path], None], str]] = {
                           "saved progress -64 is not an optimizer-step boundary"),
     "epoch_far_ahead": (rewrite("train.pt", lambda s: s["sampler"].__setitem__("epoch", 10**6)),
                         "saved epoch 1000000 cannot follow step 20"),
+    "progress_past_its_step": (rewrite("train.pt", lambda s: s["sampler"].__setitem__("consumed", 256)),
+                               "saved progress 256 cannot follow step 20"),
     "scheduler_garbage": (rewrite("train.pt", lambda s: s.__setitem__("scheduler", {"last_epoch": "x"})),
                           "train.pt's scheduler holds ['last_epoch']"),
     "scheduler_without_rates": (rewrite("train.pt", lambda s: s["scheduler"].__setitem__("base_lrs", [])),

@@ -77,18 +77,27 @@
     return args;
   }
 
-  // ------------------------------------------------------------ the calculators
+  // ------------------------------------------------------------ memory, part by part (as calc.py)
 
-  function memory(inputs) {
-    var x = bind("memory", inputs,
-      ["params", "world_size", "strategy", "seq_len", "micro_batch", "hidden", "n_heads", "n_layers"],
-      {activation_checkpointing: false, stores_attention_scores: false, param_bytes: 2, grad_bytes: 2,
-        master_bytes: 4, optimizer_bytes: 8, ffn_hidden: null, gated_mlp: false, n_kv_heads: null,
-        vocab_size: 0, tp_degree: 1, pp_degree: 1, cp_degree: 1, sequence_parallel: false,
-        compute_bytes: 2, transients: false, selective_recompute: false, offload_optimizer: false,
-        grad_accum_steps: 1, fsdp_grad_sync: "last", compiled_loss: false});
-    var p = positive("params", x.params);
-    var n = count("world_size", x.world_size);
+  // Each memory_* function is the twin of calc.py's of the same name and takes the record
+  // memory_inputs returns; tests/browser/test_calculators.py compares them part by part.
+  var MODEL_STATES = ["params_bytes", "grads_bytes", "master_bytes", "optimizer_bytes"];
+
+  function copyOf(object) {
+    var out = {};
+    Object.keys(object).forEach(function (key) { out[key] = object[key]; });
+    return out;
+  }
+
+  // The sum of an object's values in their order (Python's sum(d.values())).
+  function total(object) {
+    return Object.keys(object).reduce(function (sum, key) { return sum + object[key]; }, 0);
+  }
+
+  // Every input given (memory binds the defaults), checked in calc.py's order; the record
+  // also carries MemoryInputs' properties.
+  function memory_inputs(x) {
+    var p = positive("params", x.params), n = count("world_size", x.world_size);
     if (STRATEGIES.indexOf(x.strategy) < 0) {
       throw new Error("strategy must be one of " + STRATEGIES.join(", ") + ", got " + repr(x.strategy));
     }
@@ -97,24 +106,18 @@
     if (h % a) throw new Error("hidden (" + h + ") must be a multiple of n_heads (" + a + ")");
     var checkpointing = flag("activation_checkpointing", x.activation_checkpointing);
     var scores = flag("stores_attention_scores", x.stores_attention_scores);
-    var sizes = {
-      params_bytes: positive("param_bytes", x.param_bytes),
-      grads_bytes: nonNegative("grad_bytes", x.grad_bytes),
-      master_bytes: nonNegative("master_bytes", x.master_bytes),
-      optimizer_bytes: nonNegative("optimizer_bytes", x.optimizer_bytes)
-    };
+    var weights = positive("param_bytes", x.param_bytes), grads = nonNegative("grad_bytes", x.grad_bytes);
+    var master = nonNegative("master_bytes", x.master_bytes);
+    var moments = nonNegative("optimizer_bytes", x.optimizer_bytes);
     var f = x.ffn_hidden === null ? 4 * h : count("ffn_hidden", x.ffn_hidden);
     var gated = flag("gated_mlp", x.gated_mlp);
     var kvHeads = x.n_kv_heads === null ? a : count("n_kv_heads", x.n_kv_heads);
     var vocab = count("vocab_size", x.vocab_size, 0);
     var t = count("tp_degree", x.tp_degree), pp = count("pp_degree", x.pp_degree);
     var cp = count("cp_degree", x.cp_degree);
-    var sp = flag("sequence_parallel", x.sequence_parallel);
-    var c = positive("compute_bytes", x.compute_bytes);
-    var peak = flag("transients", x.transients);
-    var selective = flag("selective_recompute", x.selective_recompute);
-    var offload = flag("offload_optimizer", x.offload_optimizer);
-    var compiledLoss = flag("compiled_loss", x.compiled_loss);
+    var sp = flag("sequence_parallel", x.sequence_parallel), c = positive("compute_bytes", x.compute_bytes);
+    var peak = flag("transients", x.transients), selective = flag("selective_recompute", x.selective_recompute);
+    var offload = flag("offload_optimizer", x.offload_optimizer), compiled = flag("compiled_loss", x.compiled_loss);
     var accum = count("grad_accum_steps", x.grad_accum_steps);
     if (GRAD_SYNCS.indexOf(x.fsdp_grad_sync) < 0) {
       throw new Error("fsdp_grad_sync must be one of " + GRAD_SYNCS.join(", ") + ", got " + repr(x.fsdp_grad_sync));
@@ -133,121 +136,193 @@
     if (s % cp) {
       throw new Error("Sequence length (" + s + ") must be a multiple of the context-parallel degree (" + cp + ")");
     }
+    var m = {
+      params: p, world_size: n, strategy: x.strategy, seq_len: s, micro_batch: b, hidden: h, n_heads: a,
+      n_layers: layers, activation_checkpointing: checkpointing, stores_attention_scores: scores,
+      param_bytes: weights, grad_bytes: grads, master_bytes: master, optimizer_bytes: moments, ffn_hidden: f,
+      gated_mlp: gated, n_kv_heads: kvHeads, vocab_size: vocab, tp_degree: t, pp_degree: pp, cp_degree: cp,
+      sequence_parallel: sp, compute_bytes: c, transients: peak, selective_recompute: selective,
+      offload_optimizer: offload, grad_accum_steps: accum, fsdp_grad_sync: x.fsdp_grad_sync, compiled_loss: compiled
+    };
+    m.tokens = s * b / cp;
+    m.kv_width = h / a * kvHeads;
+    m.sp_divisor = sp ? t : 1;
+    m.layer_input = c * m.tokens * h / m.sp_divisor;
+    m.stage_layers = layers / pp;
+    m.gathered = (x.strategy === "zero3" || x.strategy === "fsdp") && n > 1;
+    return m;
+  }
 
+  function memory_sharded_states(m) {
     var sharded = {
       ddp: [], zero1: ["master_bytes", "optimizer_bytes"],
       zero2: ["master_bytes", "optimizer_bytes", "grads_bytes"]
-    }[x.strategy] || Object.keys(sizes);
-    if (accum > 1 && x.fsdp_grad_sync === "last") {  // accumulated unsharded until the last micro-batch
+    }[m.strategy] || MODEL_STATES;
+    if (m.grad_accum_steps > 1 && m.fsdp_grad_sync === "last") {  // held unsharded until the last micro-batch
       sharded = sharded.filter(function (key) { return key !== "grads_bytes"; });
     }
-    var out = {};
-    Object.keys(sizes).forEach(function (key) {
-      out[key] = p / (t * pp) * sizes[key] / (sharded.indexOf(key) >= 0 ? n : 1);
+    return sharded;
+  }
+
+  function memory_model_state(m) {
+    var sharded = memory_sharded_states(m);
+    var perParam = [m.param_bytes, m.grad_bytes, m.master_bytes, m.optimizer_bytes];
+    var state = {};
+    MODEL_STATES.forEach(function (key, i) {
+      state[key] = m.params / (m.tp_degree * m.pp_degree) * perParam[i] / (sharded.indexOf(key) >= 0 ? m.world_size : 1);
     });
-    var offloaded = offload ? out.master_bytes + out.optimizer_bytes : 0;
-    if (offload) out.master_bytes = out.optimizer_bytes = 0;
-    var state = out.params_bytes + out.grads_bytes + out.master_bytes + out.optimizer_bytes;
+    var offloaded = m.offload_optimizer ? state.master_bytes + state.optimizer_bytes : 0;
+    if (m.offload_optimizer) state.master_bytes = state.optimizer_bytes = 0;
+    state.model_state_bytes = state.params_bytes + state.grads_bytes + state.master_bytes + state.optimizer_bytes;
+    state.offloaded_bytes = offloaded;
+    return state;
+  }
 
-    var tokens = s * b / cp;
-    var kv = h / a * kvHeads;
-    var spDivisor = sp ? t : 1;
-    var around, inside, gatheredInputs = 0;
-    if (gated) {
-      around = c * 10 * h + 8;
-      inside = c * (h + 2 * kv + h + 4 * f) + 4 * a;
-      if (sp && t > 1) {  // the gathered inputs of q/k/v, w1 and w3, kept whole
-        around -= 2 * c * h;
-        gatheredInputs = 3 * c * h;
-      }
-    } else {
-      around = c * 4 * h + 2 * h;
-      inside = c * (2 * h + 2 * kv + 2 * f);
-    }
-    var scoreBytes = scores ? tokens * 5 * a * s / cp / t : 0;
-    var perLayer = tokens * (around / spDivisor + gatheredInputs + inside / t) + scoreBytes;
-    var recomputedScores = selective ? scoreBytes : 0;
+  function memory_attention_activations(m) {
+    var c = m.compute_bytes, h = m.hidden, kv = m.kv_width;
+    var scores = m.stores_attention_scores ? m.tokens * 5 * m.n_heads * m.seq_len / m.cp_degree / m.tp_degree : 0;
+    if (!m.gated_mlp) return {around: c * h + h, gathered: 0, inside: c * (2 * h + 2 * kv), scores: scores};
+    var regathered = m.sequence_parallel && m.tp_degree > 1;  // the q/k/v input, gathered and kept whole
+    return {around: regathered ? 0 : c * h, gathered: regathered ? c * h : 0,
+      inside: c * (2 * h + 2 * kv) + 4 * m.n_heads, scores: scores};
+  }
+
+  function memory_mlp_activations(m) {
+    var c = m.compute_bytes, h = m.hidden, f = m.ffn_hidden;
+    if (!m.gated_mlp) return {around: c * h + h, gathered: 0, inside: c * 2 * f};
+    var regathered = m.sequence_parallel && m.tp_degree > 1;  // w1's and w3's inputs, each its own copy
+    return {around: regathered ? 0 : c * h, gathered: regathered ? 2 * c * h : 0, inside: c * 4 * f};
+  }
+
+  function memory_norm_activations(m) {
+    var c = m.compute_bytes, h = m.hidden;
+    return {around: m.gated_mlp ? c * 8 * h + 8 : c * 2 * h, gathered: 0, inside: 0};
+  }
+
+  function memory_layer_activations(m) {
+    var kinds = [memory_attention_activations(m), memory_mlp_activations(m), memory_norm_activations(m)];
+    function sum(key) { return kinds[0][key] + kinds[1][key] + kinds[2][key]; }
+    return m.tokens * (sum("around") / m.sp_divisor + sum("gathered") + sum("inside") / m.tp_degree) + kinds[0].scores;
+  }
+
+  function memory_stored_activations(m) {
+    var perLayer = memory_layer_activations(m);
+    var recomputedScores = m.selective_recompute ? memory_attention_activations(m).scores : 0;
     var kept = perLayer - recomputedScores;
-    var stageLayers = layers / pp;
-    var layerInput = c * tokens * h / spDivisor;
-    var stored = stageLayers * pp * (checkpointing ? layerInput : kept);
-    var activations = stored + (checkpointing ? perLayer : recomputedScores);
-    out.model_state_bytes = state;
-    out.activation_bytes_per_layer = perLayer;
-    out.activation_bytes = activations;
-    out.sharded_params_bytes = out.params_bytes;
-    out.sharded_grads_bytes = out.grads_bytes;
-    out.optimizer_state_bytes = out.master_bytes + out.optimizer_bytes;
-    out.unsharded_params_bytes = 0;
-    out.all_gather_bytes = 0;
-    out.reduce_scatter_bytes = 0;
-    out.temporary_bytes = 0;
-    out.input_bytes = 0;
-    out.offloaded_bytes = offloaded;
-    out.total_bytes = state + activations;
-    if (!peak) return out;
+    var stored = m.stage_layers * m.pp_degree * (m.activation_checkpointing ? m.layer_input : kept);
+    return {activation_bytes_per_layer: perLayer, kept_per_layer: kept, stored_bytes: stored,
+      activation_bytes: stored + (m.activation_checkpointing ? perLayer : recomputedScores)};
+  }
 
-    var gathered = (x.strategy === "zero3" || x.strategy === "fsdp") && n > 1;
-    // Gradients held from earlier micro-batches when their reduce-scatter is deferred.
-    var held = gathered && sharded.indexOf("grads_bytes") < 0 ? out.grads_bytes : null;
-    var blockParams = (h * (h + 2 * kv) + h * h + (gated ? 3 : 2) * h * f) / t + 2 * h;
-    var rootParams = (pp === 1 ? 2 : 1) * vocab * h / t + (vocab ? h : 0);
-    var logits = tokens * vocab / t;
-    var aroundRoot = vocab ? 4 * layerInput + c * tokens * h : 0;
-    var fused = compiledLoss && t === 1;  // a compiled loss keeps the logits and their gradient, c bytes each
-    var loss = {
-      sharded_grads_bytes: gathered && held === null ? 0 : out.grads_bytes,
-      unsharded_params_bytes: gathered ? c * rootParams : 0,
+  function memory_parameter_counts(m) {
+    var h = m.hidden, kv = m.kv_width, f = m.ffn_hidden, t = m.tp_degree;
+    return {block: (h * (h + 2 * kv) + h * h + (m.gated_mlp ? 3 : 2) * h * f) / t + 2 * h,
+      attention: (h * (h + 2 * kv) + h * h) / t,
+      root: (m.pp_degree === 1 ? 2 : 1) * m.vocab_size * h / t + (m.vocab_size ? h : 0)};
+  }
+
+  function memory_held_gradients(m) {
+    return m.gathered && memory_sharded_states(m).indexOf("grads_bytes") < 0 ? memory_model_state(m).grads_bytes : null;
+  }
+
+  function memory_loss_activations(m) {
+    var c = m.compute_bytes, logits = m.tokens * m.vocab_size / m.tp_degree;
+    var fused = m.compiled_loss && m.tp_degree === 1;  // a compiled loss keeps the logits and their gradient at c
+    return {around_root: m.vocab_size ? 4 * m.layer_input + c * m.tokens * m.hidden : 0,
+      kept_logits: fused ? c * logits : 4 * logits,
+      loss_temporaries: fused ? c * logits : (m.tp_degree > 1 ? 3 : 2) * 4 * logits};
+  }
+
+  function memory_loss_moments(m) {
+    var c = m.compute_bytes, grads = memory_model_state(m).grads_bytes, held = memory_held_gradients(m);
+    var stored = memory_stored_activations(m).stored_bytes, loss = memory_loss_activations(m);
+    var atLoss = {
+      sharded_grads_bytes: m.gathered && held === null ? 0 : grads,
+      unsharded_params_bytes: m.gathered ? c * memory_parameter_counts(m).root : 0,
       all_gather_bytes: 0, reduce_scatter_bytes: 0,
-      activation_bytes: stored + aroundRoot + (fused ? c : 4) * logits,
-      temporary_bytes: fused ? c * logits : (t > 1 ? 3 : 2) * 4 * logits
+      activation_bytes: stored + loss.around_root + loss.kept_logits,
+      temporary_bytes: loss.loss_temporaries
     };
-    var moments = [loss];
-    if (vocab) {  // the final norm's backward
-      var norm = {};
-      Object.keys(loss).forEach(function (key) { norm[key] = loss[key]; });
-      norm.activation_bytes = stored + 2 * layerInput;
-      norm.temporary_bytes = c * vocab * h / t + 6 * 4 * tokens * h / spDivisor;
-      moments.push(norm);
-    }
-    if (gathered) {
-      var recomputed = tokens * c * f / t;
-      var attentionParams = (h * (h + 2 * kv) + h * h) / t;
-      var outputGrad = c * vocab * h / t;
-      var blocks = [0, Math.min(1, stageLayers - 1), Math.max(stageLayers - 2, 0), stageLayers - 1];
-      blocks = blocks.filter(function (v, i) { return blocks.indexOf(v) === i; }).sort(function (p1, p2) {
-        return p1 - p2;
+    if (!m.vocab_size) return [atLoss];
+    var norm = copyOf(atLoss);  // the final norm's backward
+    norm.activation_bytes = stored + 2 * m.layer_input;
+    norm.temporary_bytes = c * m.vocab_size * m.hidden / m.tp_degree + 6 * 4 * m.tokens * m.hidden / m.sp_divisor;
+    return [atLoss, norm];
+  }
+
+  function memory_block_moments(m) {
+    if (!m.gathered) return [];
+    var c = m.compute_bytes, layers = m.stage_layers, layerInput = m.layer_input;
+    var counts = memory_parameter_counts(m), acts = memory_stored_activations(m), held = memory_held_gradients(m);
+    var block = counts.block, recomputed = m.tokens * c * m.ffn_hidden / m.tp_degree;
+    var outputGrad = c * m.vocab_size * m.hidden / m.tp_degree, reducing = m.grad_bytes * block;
+    var blocks = [0, Math.min(1, layers - 1), Math.max(layers - 2, 0), layers - 1];
+    blocks = blocks.filter(function (v, i) { return blocks.indexOf(v) === i; }).sort(function (p1, p2) {
+      return p1 - p2;
+    });
+    var moments = [];
+    blocks.forEach(function (at) {
+      var below = m.activation_checkpointing ? (at + 1) * m.pp_degree * layerInput
+        : at * m.pp_degree * acts.kept_per_layer;
+      var done = (layers - 1 - at) * block * m.grad_bytes / m.world_size;
+      var unsharded = c * (counts.root + block);
+      var gathering = at > 0 && at < layers - 1 ? c * block : 0;
+      moments.push({
+        sharded_grads_bytes: held === null ? done : held, unsharded_params_bytes: unsharded,
+        all_gather_bytes: at > 0 && !m.activation_checkpointing ? c * block : gathering,
+        reduce_scatter_bytes: at < layers - 1 ? reducing : 0,
+        activation_bytes: below + acts.activation_bytes_per_layer - recomputed,
+        temporary_bytes: 4 * recomputed + (m.activation_checkpointing ? outputGrad + layerInput : 0)
       });
-      blocks.forEach(function (at) {
-        var below = checkpointing ? (at + 1) * pp * layerInput : at * pp * kept;
-        var done = held === null ? (stageLayers - 1 - at) * blockParams * sizes.grads_bytes / n : held;
-        var unsharded = c * (rootParams + blockParams);
-        var gathering = at > 0 && at < stageLayers - 1 ? c * blockParams : 0;
-        moments.push({
-          sharded_grads_bytes: done, unsharded_params_bytes: unsharded,
-          all_gather_bytes: at > 0 && !checkpointing ? c * blockParams : gathering,
-          reduce_scatter_bytes: at < stageLayers - 1 ? sizes.grads_bytes * blockParams : 0,
-          activation_bytes: below + perLayer - recomputed,
-          temporary_bytes: 4 * recomputed + (checkpointing ? outputGrad + layerInput : 0)
-        });
-        moments.push({
-          sharded_grads_bytes: done, unsharded_params_bytes: unsharded, all_gather_bytes: gathering,
-          reduce_scatter_bytes: sizes.grads_bytes * blockParams,
-          activation_bytes: below + 2 * layerInput,
-          temporary_bytes: c * (blockParams + attentionParams) + outputGrad + 2 * layerInput
-        });
+      moments.push({
+        sharded_grads_bytes: held === null ? done : held, unsharded_params_bytes: unsharded,
+        all_gather_bytes: gathering, reduce_scatter_bytes: reducing,
+        activation_bytes: below + 2 * layerInput,
+        temporary_bytes: c * (block + counts.attention) + outputGrad + 2 * layerInput
       });
-    }
-    function sum(m) {
-      return m.sharded_grads_bytes + m.unsharded_params_bytes + m.all_gather_bytes + m.reduce_scatter_bytes +
-        m.activation_bytes + m.temporary_bytes;
-    }
+    });
+    return moments;
+  }
+
+  function memory_peak(m) {
+    var state = memory_model_state(m);
+    var tokenIds = m.vocab_size ? 8 * m.tokens : 0;
+    var moments = memory_loss_moments(m).concat(memory_block_moments(m));
     var worst = moments[0];
-    moments.forEach(function (m) { if (sum(m) > sum(worst)) worst = m; });
-    var fixed = out.sharded_params_bytes + out.optimizer_state_bytes + (vocab ? 8 * tokens : 0);
-    Object.keys(worst).forEach(function (key) { out[key] = worst[key]; });
-    out.input_bytes = vocab ? 8 * tokens : 0;
-    out.total_bytes = fixed + sum(worst);
+    moments.forEach(function (moment) { if (total(moment) > total(worst)) worst = moment; });
+    var fixed = state.params_bytes + (state.master_bytes + state.optimizer_bytes) + tokenIds;
+    var out = copyOf(worst);
+    out.input_bytes = tokenIds;
+    out.total_bytes = fixed + total(worst);
+    return out;
+  }
+
+  // ------------------------------------------------------------ the calculators
+
+  function memory(inputs) {
+    var m = memory_inputs(bind("memory", inputs,
+      ["params", "world_size", "strategy", "seq_len", "micro_batch", "hidden", "n_heads", "n_layers"],
+      {activation_checkpointing: false, stores_attention_scores: false, param_bytes: 2, grad_bytes: 2,
+        master_bytes: 4, optimizer_bytes: 8, ffn_hidden: null, gated_mlp: false, n_kv_heads: null,
+        vocab_size: 0, tp_degree: 1, pp_degree: 1, cp_degree: 1, sequence_parallel: false,
+        compute_bytes: 2, transients: false, selective_recompute: false, offload_optimizer: false,
+        grad_accum_steps: 1, fsdp_grad_sync: "last", compiled_loss: false}));
+    var state = memory_model_state(m), activations = memory_stored_activations(m);
+    var out = {};
+    MODEL_STATES.forEach(function (key) { out[key] = state[key]; });
+    out.model_state_bytes = state.model_state_bytes;
+    out.activation_bytes_per_layer = activations.activation_bytes_per_layer;
+    out.activation_bytes = activations.activation_bytes;
+    out.sharded_params_bytes = state.params_bytes;
+    out.sharded_grads_bytes = state.grads_bytes;
+    out.optimizer_state_bytes = state.master_bytes + state.optimizer_bytes;
+    ["unsharded_params_bytes", "all_gather_bytes", "reduce_scatter_bytes", "temporary_bytes", "input_bytes"].forEach(
+      function (key) { out[key] = 0; });
+    out.offloaded_bytes = state.offloaded_bytes;
+    out.total_bytes = state.model_state_bytes + activations.activation_bytes;
+    if (!m.transients) return out;
+    var peak = memory_peak(m);
+    Object.keys(peak).forEach(function (key) { out[key] = peak[key]; });
     return out;
   }
 
@@ -441,6 +516,16 @@
     memory: memory, ring_allreduce: ring_allreduce, fsdp_comm: fsdp_comm, tp_comm: tp_comm,
     pp_comm: pp_comm, moe_all_to_all: moe_all_to_all, pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
     step_time: step_time, goodput: goodput
+  };
+  // The parts calc.memory is composed of, for the test that compares them with calc.py's.
+  window.handbookCalcMemoryParts = {
+    memory_inputs: memory_inputs, memory_sharded_states: memory_sharded_states,
+    memory_model_state: memory_model_state, memory_attention_activations: memory_attention_activations,
+    memory_mlp_activations: memory_mlp_activations, memory_norm_activations: memory_norm_activations,
+    memory_layer_activations: memory_layer_activations, memory_stored_activations: memory_stored_activations,
+    memory_parameter_counts: memory_parameter_counts, memory_held_gradients: memory_held_gradients,
+    memory_loss_activations: memory_loss_activations, memory_loss_moments: memory_loss_moments,
+    memory_block_moments: memory_block_moments, memory_peak: memory_peak
   };
 
   // ------------------------------------------------------------ display

@@ -10,7 +10,9 @@ from reference_impl.options.base import Options, at_least, check_choices, fail, 
 # torch accepts seeds up to 2**64 - 1, and the sampler seeds each epoch with
 # seed * SEED_STRIDE + epoch: the largest valid seed depends on how many epochs can run.
 TORCH_SEED_MAX = 2**64 - 1
+# --8<-- [start:seed_stride]
 SEED_STRIDE = 1_000_003
+# --8<-- [end:seed_stride]
 # A checkpoint directory is `step-` and eight digits (DESIGN.md's checkpoint contract): a
 # ninth digit would name a directory that restore never lists, so never resumes or prunes.
 MAX_STEPS = 10**8 - 1

@@ -8,6 +8,8 @@ One form is then driven like a user would, in light and dark mode.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import math
 import random
@@ -15,6 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
+from calc_inputs import log_uniform, maybe, memory_inputs
 from test_calc import BAD_INPUTS
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
@@ -32,68 +35,38 @@ RUN_ALL = """
 """
 
 
-def _log_uniform(rng: random.Random, low: float, high: float) -> float:
-    return 10 ** rng.uniform(math.log10(low), math.log10(high))
-
-
-def _maybe(rng: random.Random, inputs: dict, **optional) -> dict:
-    """Give each optional input half the time, so the JavaScript defaults are compared too."""
-    return {**inputs, **{k: v for k, v in optional.items() if rng.random() < 0.5}}
-
-
-def _memory(rng: random.Random) -> dict:
-    # Heads as a product of key/value heads, so grouped-query attention and TP degrees divide.
-    kv_heads, group, tp = rng.choice([1, 2, 8]), rng.choice([1, 4, 8]), rng.choice([1, 1, 2, 8])
-    heads, pp = kv_heads * group * tp, rng.choice([1, 1, 2, 4])
-    recompute = rng.choice(["none", "selective", "full"])
-    return _maybe(rng, {
-        "params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(1, 4096),
-        "strategy": rng.choice(calc.STRATEGIES), "seq_len": 2 ** rng.randint(2, 17),
-        "micro_batch": rng.randint(1, 64), "hidden": heads * rng.randint(1, 256), "n_heads": heads,
-        "n_layers": pp * rng.randint(1, 40)},
-        activation_checkpointing=recompute == "full", selective_recompute=recompute == "selective",
-        stores_attention_scores=rng.random() < 0.5, offload_optimizer=rng.random() < 0.5,
-        grad_accum_steps=rng.choice([1, 2, 8]), fsdp_grad_sync=rng.choice(["last", "every"]),
-        param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([0, 2, 4]),
-        master_bytes=rng.choice([0, 4]), optimizer_bytes=rng.choice([0, 4, 8, 12]),
-        ffn_hidden=rng.randint(1, 65_536), gated_mlp=rng.random() < 0.5, n_kv_heads=kv_heads * tp,
-        vocab_size=rng.choice([0, 32_000, 128_256]), tp_degree=tp, pp_degree=pp, cp_degree=rng.choice([1, 2, 4]),
-        sequence_parallel=rng.random() < 0.5, compute_bytes=rng.choice([1, 2, 4]), transients=rng.random() < 0.5,
-        compiled_loss=rng.random() < 0.5)
-
-
 def _ring_allreduce(rng: random.Random) -> dict:
-    return _maybe(rng, {"size_bytes": _log_uniform(rng, 1e3, 1e12), "world_size": rng.randint(2, 100_000),
-                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
-                  latency_s=rng.choice([0.0, _log_uniform(rng, 1e-7, 1e-3)]))
+    return maybe(rng, {"size_bytes": log_uniform(rng, 1e3, 1e12), "world_size": rng.randint(2, 100_000),
+                        "bandwidth_bytes_per_s": log_uniform(rng, 1e8, 1e13)},
+                  latency_s=rng.choice([0.0, log_uniform(rng, 1e-7, 1e-3)]))
 
 
 def _fsdp_comm(rng: random.Random) -> dict:
-    return _maybe(rng, {"params": _log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(2, 100_000),
-                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+    return maybe(rng, {"params": log_uniform(rng, 1e5, 2e12), "world_size": rng.randint(2, 100_000),
+                        "bandwidth_bytes_per_s": log_uniform(rng, 1e8, 1e13)},
                   param_bytes=rng.choice([1, 2, 4]), grad_bytes=rng.choice([1, 2, 4]),
                   reshard_after_forward=rng.random() < 0.5)
 
 
 def _tp_comm(rng: random.Random) -> dict:
-    return _maybe(rng, {"seq_len": rng.randint(1, 131_072), "micro_batch": rng.randint(1, 64),
+    return maybe(rng, {"seq_len": rng.randint(1, 131_072), "micro_batch": rng.randint(1, 64),
                         "hidden": rng.randint(1, 65_536), "n_layers": rng.randint(1, 160),
-                        "tp_degree": rng.randint(2, 64), "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                        "tp_degree": rng.randint(2, 64), "bandwidth_bytes_per_s": log_uniform(rng, 1e8, 1e13)},
                   activation_bytes=rng.choice([1, 2, 4]))
 
 
 def _pp_comm(rng: random.Random) -> dict:
-    return _maybe(rng, {"seq_len": rng.randint(1, 131_072), "micro_batch": rng.randint(1, 64),
+    return maybe(rng, {"seq_len": rng.randint(1, 131_072), "micro_batch": rng.randint(1, 64),
                         "hidden": rng.randint(1, 65_536), "stages": rng.choice([2, 3, rng.randint(2, 128)]),
-                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                        "bandwidth_bytes_per_s": log_uniform(rng, 1e8, 1e13)},
                   activation_bytes=rng.choice([1, 2, 4]))
 
 
 def _moe_all_to_all(rng: random.Random) -> dict:
-    return _maybe(rng, {"tokens": rng.randint(1, 131_072), "hidden": rng.randint(1, 65_536),
+    return maybe(rng, {"tokens": rng.randint(1, 131_072), "hidden": rng.randint(1, 65_536),
                         "top_k": rng.choice([1, 2, rng.randint(1, 8)]),
                         "ep_degree": rng.choice([2, rng.randint(2, 256)]),
-                        "bandwidth_bytes_per_s": _log_uniform(rng, 1e8, 1e13)},
+                        "bandwidth_bytes_per_s": log_uniform(rng, 1e8, 1e13)},
                   activation_bytes=rng.choice([1, 2, 4]))
 
 
@@ -106,25 +79,25 @@ def _pipeline_bubble(rng: random.Random) -> dict:
         return {"stages": stages, "microbatches": stages * rng.randint(1, 64), "interleave": interleave,
                 "schedule": schedule}
     if interleave == 1:
-        return _maybe(rng, {"stages": stages, "microbatches": rng.randint(1, 1024)}, interleave=1, schedule="1f1b")
+        return maybe(rng, {"stages": stages, "microbatches": rng.randint(1, 1024)}, interleave=1, schedule="1f1b")
     return {"stages": stages, "microbatches": stages * rng.randint(1, 64), "interleave": interleave}
 
 
 def _checkpoint_interval(rng: random.Random) -> dict:
-    mtbf = _log_uniform(rng, 10, 1e7)
+    mtbf = log_uniform(rng, 10, 1e7)
     cost = rng.choice([
-        _log_uniform(rng, 1e-6 * mtbf, 0.5 * mtbf), _log_uniform(rng, 1e-6 * mtbf, 0.5 * mtbf),
-        _log_uniform(rng, 1e-3 * mtbf, 50 * mtbf),
+        log_uniform(rng, 1e-6 * mtbf, 0.5 * mtbf), log_uniform(rng, 1e-6 * mtbf, 0.5 * mtbf),
+        log_uniform(rng, 1e-3 * mtbf, 50 * mtbf),
         2 * mtbf,  # the edge of Daly's formula: both twins must pick the same branch
     ])
-    return _maybe(rng, {"checkpoint_cost_s": cost, "mtbf_s": mtbf},
+    return maybe(rng, {"checkpoint_cost_s": cost, "mtbf_s": mtbf},
                   restart_s=rng.uniform(0, 50 * mtbf) if rng.random() < 0.2 else rng.uniform(0, 0.1 * mtbf))
 
 
 def _mfu(rng: random.Random) -> dict:
-    return {"flops_per_sample": _log_uniform(rng, 1e6, 1e16), "samples_per_step": rng.choice(
-        [rng.randint(1, 100_000), rng.uniform(0.5, 1e5)]), "step_time_s": _log_uniform(rng, 1e-3, 1e3),
-        "n_gpus": rng.randint(1, 100_000), "peak_flops_per_gpu": _log_uniform(rng, 1e12, 1e16)}
+    return {"flops_per_sample": log_uniform(rng, 1e6, 1e16), "samples_per_step": rng.choice(
+        [rng.randint(1, 100_000), rng.uniform(0.5, 1e5)]), "step_time_s": log_uniform(rng, 1e-3, 1e3),
+        "n_gpus": rng.randint(1, 100_000), "peak_flops_per_gpu": log_uniform(rng, 1e12, 1e16)}
 
 
 def _step_time(rng: random.Random) -> dict:
@@ -135,16 +108,16 @@ def _step_time(rng: random.Random) -> dict:
 
 def _goodput(rng: random.Random) -> dict:
     n_gpus = rng.choice([1, 8, rng.randint(1, 200_000)])
-    mtbf = _log_uniform(rng, 1, 1e7) * n_gpus / 3600  # a job MTBF from 1 s to 4 months
+    mtbf = log_uniform(rng, 1, 1e7) * n_gpus / 3600  # a job MTBF from 1 s to 4 months
     job = mtbf * 3600 / n_gpus
-    save = rng.choice([_log_uniform(rng, 1e-7 * job, 0.5 * job), _log_uniform(rng, 1e-3 * job, 100 * job),
+    save = rng.choice([log_uniform(rng, 1e-7 * job, 0.5 * job), log_uniform(rng, 1e-3 * job, 100 * job),
                        2 * job])
-    return _maybe(rng, {"n_gpus": n_gpus, "mtbf_gpu_hours": mtbf, "save_s": save,
+    return maybe(rng, {"n_gpus": n_gpus, "mtbf_gpu_hours": mtbf, "save_s": save,
                         "restart_s": rng.choice([0.0, rng.uniform(0, 100 * job), rng.uniform(0, 0.1 * job)])},
-                  interval_s=rng.choice([None, _log_uniform(rng, 1e-6 * job, 100 * job)]))
+                  interval_s=rng.choice([None, log_uniform(rng, 1e-6 * job, 100 * job)]))
 
 
-GENERATORS = {"memory": _memory, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
+GENERATORS = {"memory": memory_inputs, "ring_allreduce": _ring_allreduce, "fsdp_comm": _fsdp_comm,
               "tp_comm": _tp_comm, "pp_comm": _pp_comm, "moe_all_to_all": _moe_all_to_all,
               "pipeline_bubble": _pipeline_bubble,
               "checkpoint_interval": _checkpoint_interval, "mfu": _mfu, "step_time": _step_time,
@@ -196,6 +169,60 @@ def test_browser_twin_matches_python(page, name: str) -> None:
             if bad:
                 mismatches.append(f"{inputs}: (js, py) {bad}")
     assert not mismatches, f"{len(mismatches)} of {CASES} differ:\n" + "\n".join(mismatches[:10])
+
+
+# calc.memory's parts in calc.py: the functions named memory_<part> (memory itself aside).
+MEMORY_PARTS = sorted(name for name in vars(calc) if name.startswith("memory_") and callable(getattr(calc, name)))
+RUN_PARTS = """
+([names, cases]) => cases.map((inputs) => {
+  const parts = window.handbookCalcMemoryParts, m = parts.memory_inputs(inputs), out = {};
+  for (const name of names) out[name] = name === "memory_inputs" ? m : parts[name](m);
+  return out;
+})
+"""
+
+
+def _python_part(name: str, m: calc.MemoryInputs) -> object:
+    """A part's answer as JSON carries it; for `memory_inputs`, the record and its properties."""
+    if name == "memory_inputs":
+        return {**dataclasses.asdict(m), **{key: getattr(m, key) for key, value in vars(calc.MemoryInputs).items()
+                                            if isinstance(value, property)}}
+    return json.loads(json.dumps(getattr(calc, name)(m)))
+
+
+def _same(js: object, py: object) -> bool:
+    """Equal structure, and every number within the twins' 1e-9."""
+    if isinstance(py, dict):
+        return isinstance(js, dict) and set(js) == set(py) and all(_same(js[k], v) for k, v in py.items())
+    if isinstance(py, list):
+        return isinstance(js, list) and len(js) == len(py) and all(map(_same, js, py))
+    if py is None:
+        return js is None
+    return _close(js, py)
+
+
+def test_each_part_of_memory_matches_python(page) -> None:
+    """Not only the total: each named part of `calc.memory` (model state, the attention's,
+    MLP's and norms' activations, the stored ones, the loss's and the blocks' moments, the
+    peak) returns the same structure and numbers in JavaScript, on every random input."""
+    assert set(page.evaluate("() => Object.keys(window.handbookCalcMemoryParts)")) == set(MEMORY_PARTS)
+    rng = random.Random("handbook-calc-memory-parts")
+    signature = inspect.signature(calc.memory)
+    cases = []
+    for _ in range(CASES):
+        bound = signature.bind(**memory_inputs(rng))
+        bound.apply_defaults()
+        cases.append(bound.arguments)
+    answers = page.evaluate(RUN_PARTS, [MEMORY_PARTS, cases])
+    differing = {}
+    for inputs, js in zip(cases, answers, strict=True):
+        m = calc.memory_inputs(inputs)
+        for name in MEMORY_PARTS:
+            py = _python_part(name, m)
+            if not _same(js[name], py):
+                differing.setdefault(name, f"{inputs}: (js, py) {js[name]}, {py}")
+    assert not differing, "parts that differ, each with its first input:\n" + "\n".join(
+        f"{name}: {first}" for name, first in differing.items())
 
 
 def test_bad_inputs_throw_the_python_message(page) -> None:

@@ -126,14 +126,12 @@ KNOWN_MISSES = {"Llama-3 70B, 80 layers, FSDP 64 x TP 8 + SP, seq 4096, AC on": 
 def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(name: str) -> None:
     """Each row of a committed grid still matches `calc.memory` as it is now, within 5% of
     the tracker (or is a known miss the page states), and the table shows every row."""
-    from reference_impl.memory_grid import Config, Shape, predict
+    from reference_impl.memory_grid import config_of, predict
 
     record = json.loads((support.DOCS / "data" / f"{name}.json").read_text(encoding="utf-8"))
     rows = record["data"]["rows"]
     for r in rows:
-        config = Config(Shape(**r["shape"]), r["world_size"], r["activation_checkpointing"], r["seq_len"],
-                        r["micro_batch"], r.get("replicas", 1), r.get("tp", 1), r.get("sequence_parallel", False))
-        assert predict(config)["total_bytes"] == pytest.approx(r["calculator"]["total_bytes"], rel=1e-12), r["config"]
+        assert predict(config_of(r))["total_bytes"] == pytest.approx(r["calculator"]["total_bytes"], rel=1e-12), r["config"]
         if r["config"] in KNOWN_MISSES:
             assert f"{-r['error']:.1%} low" == KNOWN_MISSES[r["config"]], r["config"]
             page = (support.DOCS / "foundations" / "data-parallel.md").read_text(encoding="utf-8")
