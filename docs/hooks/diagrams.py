@@ -7,6 +7,9 @@ block that has its SVG (`data-diagram="KEY"`); the site's Mermaid stand-in
 (`docs/javascripts/diagrams.js`) then hands the theme that SVG instead of loading Mermaid.
 Until it does, the marked block holds the drawing's room (its width and aspect ratio, from
 the SVG's viewBox) instead of showing its source, so nothing moves when the diagram appears.
+Each marked block sits in a frame that knows the drawing's own width: on a phone or tablet a
+wide diagram keeps labels a reader can read and the frame scrolls sideways to show the rest
+(`docs/stylesheets/extra.css`), instead of shrinking the drawing to the column's width.
 A block without a current SVG (a new or edited diagram) is left unmarked and is drawn in the
 browser as before, so the site builds and serves on a machine without Chromium;
 `tests/docs/test_docs_diagrams.py` fails until the SVGs are redrawn.
@@ -51,7 +54,11 @@ def _marked(match: re.Match[str], page: str) -> str:
     box = VIEWBOX.search(svg.read_text(encoding="utf-8")[:4000])
     # Mermaid draws the SVG 100% wide, up to its own width, at its viewBox's aspect ratio.
     room = f' style="max-width: {box["width"]}px; aspect-ratio: {box["width"]} / {box["height"]}"' if box else ""
-    return OPENING.sub(f'<pre class="mermaid" data-diagram="{key}"{room}>', match[0], count=1)
+    block = OPENING.sub(f'<pre class="mermaid" data-diagram="{key}"{room}>', match[0], count=1)
+    if not box:
+        return block
+    # The theme replaces the block with the drawing inside this frame, which stays.
+    return f'<div class="diagram-frame" style="--diagram-width: {box["width"]}px">{block}</div>'
 
 
 def on_page_content(content: str, page: Any, **_: Any) -> str:
