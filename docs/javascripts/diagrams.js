@@ -5,7 +5,8 @@
 // which the offline site must never do. So this script defines that global as a stand-in.
 // Each render waits until its diagram is within MARGIN of the viewport. A diagram drawn
 // ahead of time (`data-diagram="KEY"`, set by docs/hooks/diagrams.py) then gets its SVG from
-// diagrams/KEY.svg, a few kilobytes. Any other diagram (one edited since its SVG was drawn)
+// diagrams/KEY.svg, a few kilobytes (on a narrow screen, its top-to-bottom turn where the
+// hook named one, `data-diagram-narrow`). Any other diagram (one edited since its SVG was drawn)
 // loads the vendored bundle (once, for every such diagram) with the theme's settings, and
 // the bundle replaces the global when it loads, so later renders go to it directly.
 //
@@ -94,7 +95,10 @@
       settings = config;
     },
     async render(id, text) {
-      const key = (await near(text))?.dataset.diagram;
+      const block = await near(text);
+      // Where the stylesheet gives this screen the top-to-bottom turn, fetch that drawing.
+      const narrow = block && getComputedStyle(block).getPropertyValue("--diagram-variant").trim() === "narrow";
+      const key = (narrow && block.dataset.diagramNarrow) || block?.dataset.diagram;
       if (key) {
         const response = await fetch(`${DRAWN}${key}.svg`);
         if (response.ok) return {svg: (await response.text()).replaceAll(DRAWN_ID, id) + PRINT_SIZE};
