@@ -102,3 +102,53 @@ def test_every_diagram_is_legible_and_reachable_on_a_phone(browser, server, buil
                 faults.append(f"{where}: part of the drawing is clipped away (its frame does not scroll to it)")
     print("\n" + "\n".join(lines))
     assert not faults, "\n".join(faults)
+
+
+# The system model: its frame scrolls on a phone; at 1280 px the same diagram fits the column.
+SCROLLING_PAGE = "foundations/system-model/"
+FRAME = """() => {
+  const frame = document.querySelector(".diagram-frame");
+  return {scrolls: frame.hasAttribute("data-scrolls"), tabIndex: frame.tabIndex, scrollLeft: frame.scrollLeft,
+          focused: document.activeElement === frame, label: frame.getAttribute("aria-label"),
+          hint: getComputedStyle(frame, "::before").content};
+}"""
+
+# The keyboard starts from the block before the diagram, as a reader tabbing on from the text.
+START_AT_THE_TEXT_BEFORE = """() => {
+  const before = document.querySelector(".diagram-frame").previousElementSibling;
+  before.tabIndex = -1;
+  before.focus();
+}"""
+
+
+@pytest.mark.parametrize(("viewport", "scrolls"), [(PHONE, True), ({"width": 1280, "height": 800}, False)])
+def test_a_frame_that_scrolls_says_so_and_the_keyboard_scrolls_it(browser, server, viewport, scrolls) -> None:  # noqa: F811
+    """Tab reaches a frame that scrolls and the arrow keys scroll it; a frame that fits is no tab stop."""
+    context = browser.new_context(viewport=viewport)
+    context.add_init_script(OPEN_SHADOW_ROOTS)
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    problems = Problems(page)
+    try:
+        page.goto(server + SCROLLING_PAGE, wait_until="load")
+        assert render_diagrams(page, 1) >= 1
+        before = page.evaluate(FRAME)
+        page.evaluate(START_AT_THE_TEXT_BEFORE)
+        for _ in range(30):  # the text's own links come first
+            page.keyboard.press("Tab")
+            if page.evaluate(FRAME)["focused"]:
+                break
+        page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(300)  # a smooth scroll
+        after = page.evaluate(FRAME)
+    finally:
+        context.close()
+    assert before["scrolls"] is scrolls, before
+    if scrolls:
+        assert before["tabIndex"] == 0 and before["label"] and "sideways" in before["hint"], before
+        assert after["focused"], "Tab never reached the diagram's frame"
+        assert after["scrollLeft"] > 0, "the arrow key did not scroll the frame"
+    else:
+        assert before["tabIndex"] == -1 and before["hint"] == "none", before
+        assert not after["focused"], "a frame that does not scroll is a tab stop"
+    assert not problems.items, "\n".join(problems.items)
