@@ -9,7 +9,9 @@ editing a ```mermaid block; `tests/docs/test_docs_diagrams.py` fails until then:
 It builds the site, serves it locally and, in headless Chromium, lets the theme load the
 vendored Mermaid with its own settings (the theme's CSS, whose colours are CSS variables,
 so one SVG follows the light and the dark palette). Each diagram is drawn with that Mermaid
-from the exact text the page hands it. SVGs that no page uses any more are deleted.
+from the exact text the page hands it, and each left-to-right flowchart also turned top to
+bottom (the hook shows that drawing on narrow screens where it is the narrower one).
+SVGs that no page uses any more are deleted.
 """
 
 from __future__ import annotations

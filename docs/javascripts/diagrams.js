@@ -5,9 +5,14 @@
 // which the offline site must never do. So this script defines that global as a stand-in.
 // Each render waits until its diagram is within MARGIN of the viewport. A diagram drawn
 // ahead of time (`data-diagram="KEY"`, set by docs/hooks/diagrams.py) then gets its SVG from
-// diagrams/KEY.svg, a few kilobytes. Any other diagram (one edited since its SVG was drawn)
+// diagrams/KEY.svg, a few kilobytes (on a narrow screen, its top-to-bottom turn where the
+// hook named one, `data-diagram-narrow`). Any other diagram (one edited since its SVG was drawn)
 // loads the vendored bundle (once, for every such diagram) with the theme's settings, and
 // the bundle replaces the global when it loads, so later renders go to it directly.
+//
+// A diagram sits in a frame (docs/hooks/diagrams.py) that scrolls sideways where the screen
+// is too narrow to show it legibly (docs/stylesheets/extra.css). A frame that scrolls is
+// marked, which shows its hint, and becomes a keyboard stop, so arrow keys scroll it too.
 //
 // Every page loads this script, so that the stand-in is there when instant navigation brings
 // the reader to a page with diagrams. mermaid2 adds it a second time to a page that has a
@@ -67,12 +72,33 @@
     observer.observe(block);
   });
 
+  const mark = (frame) => {
+    const scrolls = frame.scrollWidth > frame.clientWidth + 1;
+    frame.toggleAttribute("data-scrolls", scrolls);
+    if (scrolls) {
+      frame.tabIndex = 0;
+      frame.setAttribute("role", "group");
+      frame.setAttribute("aria-label", "Diagram, scrolls sideways");
+    } else {
+      for (const name of ["tabindex", "role", "aria-label"]) frame.removeAttribute(name);
+    }
+  };
+  // Called on a frame when it is first observed and whenever its width changes (a turned phone).
+  const frames = new ResizeObserver((entries) => entries.forEach((entry) => mark(entry.target)));
+  const watchFrames = () => document.querySelectorAll(".diagram-frame").forEach((frame) => frames.observe(frame));
+  // Instant navigation announces each new page on the theme's document$; without it, load.
+  if (window.document$) window.document$.subscribe(watchFrames);
+  else document.addEventListener("DOMContentLoaded", watchFrames);
+
   window.mermaid = {
     initialize(config) {
       settings = config;
     },
     async render(id, text) {
-      const key = (await near(text))?.dataset.diagram;
+      const block = await near(text);
+      // Where the stylesheet gives this screen the top-to-bottom turn, fetch that drawing.
+      const narrow = block && getComputedStyle(block).getPropertyValue("--diagram-variant").trim() === "narrow";
+      const key = (narrow && block.dataset.diagramNarrow) || block?.dataset.diagram;
       if (key) {
         const response = await fetch(`${DRAWN}${key}.svg`);
         if (response.ok) return {svg: (await response.text()).replaceAll(DRAWN_ID, id) + PRINT_SIZE};

@@ -27,7 +27,11 @@ PAGES = {
     "api": "api/config/",
     "tabs": "practice/pitfalls/",
     "sections": "foundations/parallelism/",  # long: its text in section blocks (hooks/sections.py), bold text in them
+    "diagram-on-a-phone": "foundations/system-model/",  # its frame scrolls sideways: a keyboard stop with a name
 }
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 900}
+VIEWPORTS = {"diagram-on-a-phone": PHONE}
 SCHEMES = {"light": "default", "dark": "slate"}
 # rule -> CSS selector of the theme's elements on which its violations are let pass; the
 # accessibility page shows the same file as its table of what remains, and why.
@@ -78,7 +82,7 @@ async (known) => {
 def test_no_accessibility_violation_of_ours(browser, server, built_site: Path, kind: str, scheme: str) -> None:
     path = PAGES[kind]
     diagrams = (built_site / path / "index.html").read_text(encoding="utf-8").count('<pre class="mermaid"')
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+    context = browser.new_context(viewport=VIEWPORTS.get(kind, DESKTOP), color_scheme=scheme)
     context.add_init_script(OPEN_SHADOW_ROOTS)
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -98,7 +102,6 @@ def test_no_accessibility_violation_of_ours(browser, server, built_site: Path, k
     assert not problems.items, "\n".join(problems.items)
 
 
-PHONE = {"width": 390, "height": 844}
 SMALLEST_LABEL_PX = 8 * 4 / 3  # the plots' smallest font, 8 points, at the figure's own size
 LEGIBLE_PX = 9
 PLOT_BOXES = """() => Array.from(document.querySelectorAll("figure.handbook-plot img"), (img) => {

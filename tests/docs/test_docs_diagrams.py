@@ -6,6 +6,7 @@ exists. A diagram edited without redrawing would fall back to loading the 3.5 MB
 
 from __future__ import annotations
 
+from html import unescape
 import re
 import sys
 from pathlib import Path
@@ -56,3 +57,40 @@ def test_each_svg_is_a_mermaid_drawing_with_readable_text_in_both_palettes(svg: 
     assert "var(--md-mermaid-label-fg-color)" in text and "var(--md-mermaid-edge-color)" in text
     assert SVG_TEXT.search(text), "no text in the drawing"
     assert "Syntax error" not in text
+
+
+@pytest.mark.parametrize(("text", "turned"), [
+    ("flowchart LR\n  A --> B\n", "flowchart TB\n  A --> B\n"),
+    ("graph LR\n  A --> B", "graph TB\n  A --> B"),
+    ("flowchart TD\n  A --> B", None),
+    ("sequenceDiagram\n  A->>B: LR", None),
+    ("flowchart LRX\n  A --> B", None),
+])
+def test_only_a_left_to_right_flowchart_is_turned_top_to_bottom(text: str, turned: str | None) -> None:
+    assert diagrams.narrow_source(text) == turned
+
+
+FRAMED_BLOCK = re.compile(r'<div class="diagram-frame" style="(?P<style>[^"]*)"><pre class="mermaid" '
+                          r'data-diagram="(?P<key>\w+)"(?: data-diagram-narrow="(?P<narrow>\w+)")?[^>]*>'
+                          r'<code>(?P<source>.*?)</code>', re.S)
+
+
+def _drawn_width(key: str) -> str:
+    """The width of the stored drawing `key`, as its viewBox gives it."""
+    return diagrams.VIEWBOX.search((diagrams.DIAGRAMS / f"{key}.svg").read_text(encoding="utf-8"))["width"]
+
+
+def test_a_narrow_screen_gets_the_turned_drawing_only_where_it_is_narrower(built_site: Path) -> None:
+    """A block names its turned drawing (and its frame holds that drawing's room) exactly
+    when the turn is narrower than the drawing the page was written with."""
+    checked = named = 0
+    for page in built_site.rglob("index.html"):
+        for block in FRAMED_BLOCK.finditer(page.read_text(encoding="utf-8")):
+            turned = diagrams.narrow_source(unescape(block["source"]))
+            turned_key = diagrams.diagram_key(turned) if turned else None
+            narrower = bool(turned_key) and float(_drawn_width(turned_key)) < float(_drawn_width(block["key"]))
+            assert block["narrow"] == (turned_key if narrower else None), (page, block["key"])
+            if narrower:
+                assert f"--narrow-width: {_drawn_width(turned_key)}px" in block["style"], (page, block["key"])
+            checked, named = checked + 1, named + narrower
+    assert checked >= 20 and named >= 5, (checked, named)
