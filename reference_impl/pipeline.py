@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from reference_impl.config import TrainConfig
 from reference_impl.model import loss_fn, spec_of
 
+# --8<-- [start:schedule]
 # --pp-schedule -> pipelining's class
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
 INTERLEAVED = frozenset({"interleaved-1f1b"})  # schedules that run a list of stages per rank
@@ -43,7 +44,6 @@ def _schedule_and_stage(kind: str) -> tuple[Any, Any]:
     return getattr(pipelining, SCHEDULES[kind]), pipelining.PipelineStage
 
 
-# --8<-- [start:schedule]
 def _schedule(kind: str, chunks: tuple[nn.Module, ...], index: int, degree: int, device: torch.device,
               group: dist.ProcessGroup | None = None, **options: Any) -> Any:
     """The `kind` schedule over `chunks`, this rank's stages `index`, `index + degree`, ...
