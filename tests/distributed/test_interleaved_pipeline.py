@@ -124,8 +124,9 @@ def test_an_interleaved_checkpoint_restores_in_one_process(reference: tuple[Run,
     assert losses(one) == pytest.approx(losses(reference[0])[6:], abs=TOL)
 
 
-# Sleeps long beside the schedule's own overhead (a few ms per action on a loaded CPU).
-FORWARD_S, BACKWARD_S, MICROBATCHES = 0.05, 0.1, 4
+# Sleeps long beside the schedule's own overhead (a few ms per action on a loaded CPU, twice
+# as many actions under interleaving): at 20 ms and 40 ms the overhead hides the gain.
+FORWARD_S, BACKWARD_S, MICROBATCHES = 0.1, 0.2, 4
 BUBBLE_TOL = 0.05  # idle share above the formula that point-to-point latency may add
 
 
