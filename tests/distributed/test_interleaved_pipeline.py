@@ -152,4 +152,5 @@ def test_interleaving_idles_less_than_1f1b_as_the_formula_says(tmp_path: Path) -
     assert interleaved["virtual_stages"] == 2 and interleaved["busy_s"] == one_f_one_b["busy_s"]
     assert interleaved["formula_idle"] == round(1 / 9, 4) and one_f_one_b["formula_idle"] == 0.2
     assert interleaved["measured_idle"] < one_f_one_b["measured_idle"]
-    assert interleaved["formula_idle"] - 0.01 <= interleaved["measured_idle"] <= interleaved["formula_idle"] + BUBBLE_TOL
+    formula = interleaved["formula_idle"]
+    assert formula - 0.01 <= interleaved["measured_idle"] <= formula + BUBBLE_TOL
