@@ -52,7 +52,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "async_checkpoint", "checkpoint_dir", "checkpoint_every", "keep_last", "sample_log",
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
-                      "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate", "compile",
+                      "pp_degree", "pp_microbatches", "pp_schedule", "pp_virtual_stages", "dp_replicate", "compile",
                       "deterministic", "cp_degree")
 # --8<-- [end:operational_fields]
 
@@ -129,6 +129,10 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
             if self.pp_degree > self.n_layers:
                 fail(f"pp_degree ({self.pp_degree}) must not exceed n_layers ({self.n_layers}): "
                      "every stage needs at least one block")
+            stages = self.pp_degree * self.virtual_stages
+            if self.pp_schedule == "interleaved-1f1b" and self.n_layers % stages:
+                fail(f"n_layers ({self.n_layers}) must be a multiple of pp_degree x pp_virtual_stages ({stages}) "
+                     "under interleaved-1f1b: every stage holds as many blocks")
             if self.micro_batch_size % self.pipeline_microbatches:
                 fail(f"pp_microbatches ({self.pipeline_microbatches}) must divide micro_batch_size "
                      f"({self.micro_batch_size}): unequal pieces would weight samples unequally in the mean loss")

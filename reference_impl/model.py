@@ -187,15 +187,49 @@ class Stage(nn.Module):
 # --8<-- [end:stage]
 
 
-def transformer_stage(model: nn.Module, cfg: TrainConfig, pp_degree: int, stage: int) -> Stage:
-    """Stage `stage` of `pp_degree` of a `TinyTransformer`, autocast to bf16 under `--precision bf16`.
+# --8<-- [start:interleaved_stages]
+class InterleavedStages(nn.Module):
+    """The stages one rank holds under an interleaved schedule: r, r+P, r+2P, ... of V x P.
+
+    It registers their embeddings, blocks and head under the whole model's names, as a
+    `Stage` does, so the optimizer, the checkpoint and the digest see one module. The
+    schedule runs `chunks`, the `Stage`s themselves: they share these modules, and a tuple
+    keeps them from being registered a second time under other names.
+    """
+
+    def __init__(self, chunks: list[Stage]) -> None:
+        """Hold `chunks`, this rank's stages in pipeline order."""
+        super().__init__()
+        self.chunks = tuple(chunks)
+        self.embed, self.pos = chunks[0].embed, chunks[0].pos  # set on rank 0 only: it holds stage 0
+        self.blocks = nn.ModuleDict({name: block for chunk in chunks for name, block in chunk.blocks.items()})
+        self.norm, self.head = chunks[-1].norm, chunks[-1].head  # set on the rank of the last stage only
+
+    def train(self, mode: bool = True) -> InterleavedStages:
+        """Also switch the unregistered stages: each decides on recomputation by its own flag."""
+        for chunk in self.chunks:
+            chunk.train(mode)
+        return super().train(mode)
+# --8<-- [end:interleaved_stages]
+
+
+def transformer_stage(model: nn.Module, cfg: TrainConfig, pp_degree: int, stage: int) -> nn.Module:
+    """What rank `stage` of `pp_degree` keeps of a `TinyTransformer`: its stage, or under
+    `--pp-schedule interleaved-1f1b` its `InterleavedStages` (stages `stage`, `stage` +
+    `pp_degree`, ... of `pp_degree` x V, the round-robin torch's interleaved schedules expect).
+    Autocast to bf16 under `--precision bf16`.
 
     Raises:
         TypeError: `model` is not a `TinyTransformer`.
     """
     if not isinstance(model, TinyTransformer):
         raise TypeError(f"pipeline stages are cut from a TinyTransformer, not {type(model).__name__}")
-    return Stage(model, stage, pp_degree, autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None)
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else None
+    if cfg.pp_schedule != "interleaved-1f1b":
+        return Stage(model, stage, pp_degree, autocast_dtype=dtype)
+    n_stages = pp_degree * cfg.virtual_stages
+    return InterleavedStages([Stage(model, s, n_stages, autocast_dtype=dtype)
+                              for s in range(stage, n_stages, pp_degree)])
 
 
 def build_mlp(cfg: TrainConfig) -> nn.Module:

@@ -6,7 +6,9 @@ the next rank with point-to-point sends, gradients come back the same way. GPipe
 every forward, then every backward; 1F1B starts the backward of micro-batch i as soon as
 it leaves the last stage, so at most P micro-batches are in flight per stage (less
 activation memory) while the bubble stays the same: with P stages and M micro-batches,
-each stage idles for (P-1)/(M+P-1) of the step.
+each stage idles for (P-1)/(M+P-1) of the step. Interleaved 1F1B gives each rank V
+smaller stages (rank r holds r, r+P, ...), which cuts the idle share to (P-1)/(V x M+P-1)
+for V times the point-to-point messages.
 
 Proven on gloo: tests/distributed/test_pipeline.py trains the same steps as one process.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 # --8<-- [start:imports]
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,7 +29,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from reference_impl.config import TrainConfig
 from reference_impl.model import loss_fn, spec_of
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # --pp-schedule -> pipelining's class
+# --8<-- [start:schedule]
+# --pp-schedule -> pipelining's class
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+INTERLEAVED = frozenset({"interleaved-1f1b"})  # schedules that run a list of stages per rank
 
 
 def _schedule_and_stage(kind: str) -> tuple[Any, Any]:
@@ -37,6 +42,18 @@ def _schedule_and_stage(kind: str) -> tuple[Any, Any]:
     import torch.distributed.pipelining as pipelining
 
     return getattr(pipelining, SCHEDULES[kind]), pipelining.PipelineStage
+
+
+def _schedule(kind: str, chunks: tuple[nn.Module, ...], index: int, degree: int, device: torch.device,
+              group: dist.ProcessGroup | None = None, **options: Any) -> Any:
+    """The `kind` schedule over `chunks`, this rank's stages `index`, `index + degree`, ...
+    of `degree x len(chunks)` (round-robin, as torch's interleaved schedules expect); the
+    one-stage schedules take the single stage itself. `options` go to the schedule."""
+    schedule_class, stage_class = _schedule_and_stage(kind)
+    n_stages = degree * len(chunks)
+    stages = [stage_class(chunk, index + i * degree, n_stages, device, group=group) for i, chunk in enumerate(chunks)]
+    return schedule_class(stages if kind in INTERLEAVED else stages[0], **options)
+# --8<-- [end:schedule]
 
 
 def split(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
@@ -86,10 +103,11 @@ def build_pipeline(stage: nn.Module, mesh: DeviceMesh, cfg: TrainConfig, device:
     divisor = cfg.pipeline_microbatches * cfg.grad_accum_steps
     # Scaling the loss, not the gradients: the schedule's own gradient scaling divides every
     # gradient the stage holds, which would shrink the ones accumulated in earlier steps again.
-    schedule_class, stage_class = _schedule_and_stage(cfg.pp_schedule)
-    schedule = schedule_class(
-        stage_class(stage, index, degree, device, group=group), n_microbatches=cfg.pipeline_microbatches,
-        scale_grads=False, loss_fn=lambda output, target: loss_fn(output, target) / divisor)
+    # Under an interleaved schedule this rank's module holds V stages, r, r+P, ... of V x P.
+    chunks = cast(tuple[nn.Module, ...], stage.chunks) if cfg.pp_schedule in INTERLEAVED else (stage,)
+    schedule = _schedule(cfg.pp_schedule, chunks, index, degree, device, group,
+                         n_microbatches=cfg.pipeline_microbatches, scale_grads=False,
+                         loss_fn=lambda output, target: loss_fn(output, target) / divisor)
     return Pipeline(schedule, index, degree, group)
 
 
@@ -114,9 +132,13 @@ def pipeline_step(schedule, index: int, pp_degree: int, tokens: torch.Tensor,  #
 
 
 # --8<-- [start:bubble]
-def bubble_fraction(pp_degree: int, microbatches: int) -> float:
-    """Share of a step each stage idles under GPipe or 1F1B: (P-1) / (M+P-1)."""
-    return (pp_degree - 1) / (microbatches + pp_degree - 1)
+def bubble_fraction(pp_degree: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Share of a step each stage idles: (P-1) / (V x M + P-1), V = 1 for GPipe and 1F1B.
+
+    Interleaving V stages per rank shortens each of the P-1 slots that fill and drain the
+    pipeline to one stage's work, a V-th of the rank's.
+    """
+    return (pp_degree - 1) / (virtual_stages * microbatches + pp_degree - 1)
 # --8<-- [end:bubble]
 
 
@@ -146,17 +168,20 @@ class _TimedStage(nn.Module):
 
 
 def measure_bubble(kind: str, microbatches: int, forward_s: float = 0.02, backward_s: float = 0.04,
-                   rounds: int = 2) -> dict[str, Any]:
+                   rounds: int = 2, virtual_stages: int = 2) -> dict[str, Any]:
     """Measured idle share of one stage per step, against `bubble_fraction` (collective).
 
-    Every stage's forward and backward of one micro-batch sleep a fixed time, so a stage
+    Every rank's forward and backward of one micro-batch sleep a fixed time, so a rank
     is busy M x (forward_s + backward_s) per step, and whatever else the step takes is
-    idle time: the bubble plus point-to-point latency. Run on every rank of the group.
+    idle time: the bubble plus point-to-point latency. Under an interleaved `kind` the
+    rank's work is cut into `virtual_stages` stages of a V-th of those times each (ignored
+    otherwise). Run on every rank of the group.
     """
     index, pp_degree = dist.get_rank(), dist.get_world_size()
-    schedule_class, stage_class = _schedule_and_stage(kind)
-    schedule = schedule_class(stage_class(_TimedStage(forward_s, backward_s), index, pp_degree, torch.device("cpu")),
-                              n_microbatches=microbatches, loss_fn=lambda out, _target: out.mean())
+    v = virtual_stages if kind in INTERLEAVED else 1
+    chunks = tuple(_TimedStage(forward_s / v, backward_s / v) for _ in range(v))
+    schedule = _schedule(kind, chunks, index, pp_degree, torch.device("cpu"), n_microbatches=microbatches,
+                         loss_fn=lambda out, _target: out.mean())
     batch, walls = torch.ones(microbatches, 4), []
     for _ in range(rounds + 1):  # the first step also sets up the stage's buffers: untimed
         dist.barrier()
@@ -171,7 +196,7 @@ def measure_bubble(kind: str, microbatches: int, forward_s: float = 0.02, backwa
     wall = torch.tensor(min(walls[1:]))
     dist.all_reduce(wall, op=dist.ReduceOp.MAX)  # the step ends when its slowest stage does
     busy = microbatches * (forward_s + backward_s)
-    return {"schedule": kind, "microbatches": microbatches, "pp_degree": pp_degree,
+    return {"schedule": kind, "microbatches": microbatches, "pp_degree": pp_degree, "virtual_stages": v,
             "step_s": round(wall.item(), 4), "busy_s": round(busy, 4),
             "measured_idle": round(1 - busy / wall.item(), 4),
-            "formula_idle": round(bubble_fraction(pp_degree, microbatches), 4)}
+            "formula_idle": round(bubble_fraction(pp_degree, microbatches, v), 4)}

@@ -35,7 +35,9 @@ class ModelSpec:
         tp_plan: The `ParallelStyle` of each submodule for tensor parallel, or None when
             the model cannot run tensor parallel.
         pipeline_stage: `(model, cfg, pp_degree, stage)` to the module that stage `stage`
-            of `pp_degree` keeps, or None when the model cannot be cut into stages.
+            of `pp_degree` keeps (under an interleaved schedule, a module whose `chunks` are
+            its stages, the ones the schedule runs), or None when the model cannot be cut
+            into stages.
     """
 
     build: Callable[[TrainConfig], nn.Module]

@@ -83,8 +83,10 @@ def merge_stages(stages: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[d
     """One model and optimizer state from the stages' states, in stage order.
 
     Parameter names are already the whole model's (`reference_impl.model.Stage`); each
-    optimizer param group lists the stages' parameters one stage after another, which is
-    the whole model's parameter order.
+    optimizer param group lists the stages' parameters one rank after another, which is
+    the whole model's parameter order with one stage per rank. Under an interleaved
+    schedule it is rank order (stages 0 and 2, then 1 and 3): the same for any two runs of
+    one layout, so their digests still compare.
     """
     model_sd = {k: v for model_part, _ in stages for k, v in model_part.items()}
     optim_state = {k: v for _, optim_part in stages for k, v in optim_part["state"].items()}

@@ -124,6 +124,7 @@ def test_a_benchmark_refuses_to_touch_a_real_runs_files_or_kill_itself(
 
 @pytest.mark.parametrize("argv,message", [
     (["pipeline", "--microbatches", "1"], "every --microbatches value must be at least the number of stages (2)"),
+    (["pipeline", "--microbatches", "4,6,3"], "every --microbatches value must be a multiple of the number of stages (2)"),
     (["async", "--strategy", "ddp"], "async checkpoints are FSDP-only (--strategy fsdp)"),
     (["ft", "--step-floor-s", "-1"], "--step-floor-s must be in [0, 60]"),
 ])

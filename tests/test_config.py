@@ -38,7 +38,8 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
 DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=4)
 # A field valid away from its default only together with others (expert parallel needs the
 # experts it splits and, here, a world of its size) changes alone from a base that has them.
-COMPANIONS: dict[str, dict[str, Any]] = {"ep_degree": {"n_experts": 4, "world_size": 2, "strategy": "ddp"}}
+COMPANIONS: dict[str, dict[str, Any]] = {"ep_degree": {"n_experts": 4, "world_size": 2, "strategy": "ddp"},
+                                         "pp_virtual_stages": {"pp_schedule": "interleaved-1f1b"}}
 
 
 def _base(name: str) -> TrainConfig:
@@ -180,6 +181,14 @@ PP_ERRORS = [
     ([*PP, "--tp-degree", "2", "--strategy", "fsdp"], "4", "pp_degree and tp_degree cannot both be above 1"),
     (["--pp-microbatches", "4"], "1", "pp_microbatches needs --pp-degree above 1"),
     (PP, "4", "pipeline stages with more than one data-parallel rank need --strategy fsdp"),
+    ([*PP, "--pp-virtual-stages", "3"], "2", "pp_virtual_stages needs --pp-schedule interleaved-1f1b"),
+    ([*PP, "--pp-schedule", "interleaved-1f1b", "--pp-virtual-stages", "0"], "2", "pp_virtual_stages must be >= 1"),
+    ([*PP, "--pp-schedule", "interleaved-1f1b", "--n-layers", "6"], "2",
+     "n_layers (6) must be a multiple of pp_degree x pp_virtual_stages (4)"),
+    ([*PP, "--pp-schedule", "interleaved-1f1b", "--n-layers", "4", "--pp-microbatches", "3",
+      "--micro-batch-size", "6"], "2", "pp_microbatches (3) must be a multiple of pp_degree (2)"),
+    ([*PP, "--pp-schedule", "interleaved-1f1b", "--n-layers", "4", "--strategy", "fsdp"], "4",
+     "interleaved-1f1b runs with one data-parallel rank per stage"),
 ]
 HSDP = ["--strategy", "fsdp", "--model", "transformer", "--dp-replicate", "2"]
 HSDP_ERRORS = [

@@ -153,15 +153,17 @@ def _allreduce(fig: Figure, d: dict[str, Any]) -> None:
 
 def _pipeline(fig: Figure, d: dict[str, Any]) -> None:
     ax = fig.subplots()
-    formula = {c["microbatches"]: c["formula_idle"] for c in d["cases"]}
-    ax.plot(list(formula), list(formula.values()), "-", color=GREY, lw=2,
-            label=f"(P-1)/(M+P-1), P = {d['pp_degree']}")
-    for colour, marker, kind in zip(COLOURS, "os", sorted({c["schedule"] for c in d["cases"]})):
+    for style, v in zip(("-", "--"), sorted({c["virtual_stages"] for c in d["cases"]})):
+        formula = {c["microbatches"]: c["formula_idle"] for c in d["cases"] if c["virtual_stages"] == v}
+        ax.plot(list(formula), list(formula.values()), style, color=GREY, lw=2,
+                label=f"(P-1)/({'' if v == 1 else v}M+P-1), P = {d['pp_degree']}")
+    counts = sorted({c["microbatches"] for c in d["cases"]})
+    for colour, marker, kind in zip(COLOURS, "os^", dict.fromkeys(c["schedule"] for c in d["cases"])):
         cases = [c for c in d["cases"] if c["schedule"] == kind]
         ax.plot([c["microbatches"] for c in cases], [c["measured_idle"] for c in cases], marker, color=colour,
                 label=f"{kind}, measured")
     ax.set(xscale="log", xlabel="micro-batches per step M", ylabel="idle share of each stage's step")
-    ax.set_xticks(list(formula), [str(m) for m in formula])
+    ax.set_xticks(counts, [str(m) for m in counts])
     ax.minorticks_off()
     ax.legend(fontsize=8)
 
@@ -190,9 +192,9 @@ PLOTS: dict[str, tuple[Renderer, str, str]] = {
                   "with its bandwidth and per-step latency fitted to the medians (least squares on the "
                   "relative error)."),
     "pipeline": (_pipeline, "Pipeline bubble against micro-batches",
-                 "Each stage's idle share of a step on two stages whose forward and backward sleep known "
-                 "times (`python -m reference_impl.bench pipeline`), against "
-                 "`reference_impl.pipeline.bubble_fraction`."),
+                 "Each rank's idle share of a step on two ranks whose forward and backward sleep known "
+                 "times, cut into two stages per rank under interleaved 1F1B (`python -m "
+                 "reference_impl.bench pipeline`), against `reference_impl.pipeline.bubble_fraction`."),
 }
 
 

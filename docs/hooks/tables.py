@@ -43,7 +43,7 @@ from typing import Any
 from reference_impl.plan import Plan, best_per_mesh, search
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved 1F1B"}
 MARK = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->")
 RANKED_ROWS = 6
 LANDMARKS = {"64x1x1x1": "DDP", "8x8x1x1": "HSDP, shard in a node", "1x64x1x1": "FSDP2",

@@ -1,4 +1,4 @@
-"""`bench pipeline`: the pipeline bubble measured against (P-1)/(M+P-1)."""
+"""`bench pipeline`: the pipeline bubble measured against (P-1)/(V x M+P-1)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,12 @@ def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_pipeline(args: argparse.Namespace, cfg: TrainConfig) -> None:
     if min(args.microbatches) < args.nproc:
         raise ConfigError(f"every --microbatches value must be at least the number of stages ({args.nproc})")
+    if any(m % args.nproc for m in args.microbatches):  # interleaved 1F1B runs them in rounds of P
+        raise ConfigError(f"every --microbatches value must be a multiple of the number of stages ({args.nproc})")
 
 
-@benchmark("pipeline", "pipeline bubble: each stage's measured idle share vs (P-1)/(M+P-1), GPipe and 1F1B",
+@benchmark("pipeline", "pipeline bubble: each stage's measured idle share vs (P-1)/(V x M+P-1), GPipe, 1F1B and "
+           "interleaved 1F1B (V = 2)",
            train_defaults=("--device", "cpu"), add_arguments=_add_pipeline_arguments, nproc=2,
            check=_check_pipeline)
 

@@ -38,14 +38,24 @@ class ParallelOptions(Options):
     pp_microbatches: int = 0
     """Pipeline micro-batches M each micro-batch is split into: at least pp_degree (0 means
     pp_degree); more shrink each stage's idle share (pp_degree-1)/(M+pp_degree-1)."""
-    pp_schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
     """Pipeline order: GPipe runs every forward, then every backward; 1F1B alternates them
-    once the pipeline is full, so fewer activations are held (the same idle share)."""
+    once the pipeline is full, so fewer activations are held (the same idle share);
+    interleaved 1F1B gives each rank pp_virtual_stages smaller stages, which shrinks the idle
+    share to (pp_degree-1)/(V x M+pp_degree-1) for V times the point-to-point messages."""
+    pp_virtual_stages: int = 2
+    """Stages V each rank holds under --pp-schedule interleaved-1f1b: the blocks are cut into
+    pp_degree x V stages and rank r holds stages r, r+pp_degree, ... (n_layers must divide evenly)."""
     fsdp_grad_sync: Literal["last", "every"] = "last"
     """FSDP with accumulation: reduce-scatter on the last micro-batch only (less traffic,
     unsharded gradients held in memory) or on every micro-batch (sharded, more traffic)."""
     world_size: int = 1
     """Number of processes; read from torchrun's WORLD_SIZE, not a flag."""
+
+    @property
+    def virtual_stages(self) -> int:
+        """Stages each rank holds: `pp_virtual_stages` under the interleaved schedule, else 1."""
+        return self.pp_virtual_stages if self.pp_schedule == "interleaved-1f1b" else 1
 
     @property
     def data_parallel_size(self) -> int:
@@ -63,6 +73,7 @@ class ParallelOptions(Options):
         check_choices(self, ParallelOptions)
         at_least(self, 1, "world_size", "tp_degree", "pp_degree", "dp_replicate", "cp_degree", "ep_degree")
         at_least(self, 0, "pp_microbatches")
+        at_least(self, 1, "pp_virtual_stages")
         if self.fsdp_grad_sync == "every" and self.strategy != "fsdp":
             fail("fsdp_grad_sync every needs --strategy fsdp (DDP always syncs on the last micro-batch)")
         self._check_tensor_parallel()
@@ -84,6 +95,8 @@ class ParallelOptions(Options):
 
     def _check_pipeline(self) -> None:
         """The mesh pp x dp x tp must cover the world, with enough micro-batches to fill it."""
+        if self.pp_virtual_stages != 2 and self.pp_schedule != "interleaved-1f1b":
+            fail("pp_virtual_stages needs --pp-schedule interleaved-1f1b (the other schedules run one stage per rank)")
         if self.pp_degree == 1:
             if self.pp_microbatches > 1:
                 fail("pp_microbatches needs --pp-degree above 1")
@@ -99,6 +112,21 @@ class ParallelOptions(Options):
         if self.pipeline_microbatches < self.pp_degree:
             fail(f"pp_microbatches ({self.pp_microbatches}) must be at least pp_degree ({self.pp_degree}): "
                  "with fewer, some stage would idle for the whole step")
+        if self.pp_schedule == "interleaved-1f1b":
+            self._check_interleaved()
+
+    def _check_interleaved(self) -> None:
+        """Whole rounds of micro-batches, and stages no data-parallel wrapper sits between.
+
+        torch's ScheduleInterleaved1F1B accepts any M that splits into whole rounds of
+        M // P; a multiple of P is what the bubble (P-1)/(V x M+P-1) assumes, and asked here.
+        """
+        if self.pipeline_microbatches % self.pp_degree:
+            fail(f"pp_microbatches ({self.pipeline_microbatches}) must be a multiple of pp_degree "
+                 f"({self.pp_degree}) under interleaved-1f1b: it runs micro-batches in rounds of pp_degree")
+        if self.data_parallel_size > 1:
+            fail("interleaved-1f1b runs with one data-parallel rank per stage (its stages are not wrapped "
+                 "by DDP or FSDP2 here)")
 
     def _check_replicas(self) -> None:
         """HSDP: whole replica groups of at least two FSDP2 shards each, and nothing else on the mesh."""

@@ -123,11 +123,13 @@ def test_allreduce_formula_is_calc_ring_allreduce() -> None:
 
 def test_pipeline_formula_is_bubble_fraction() -> None:
     d = record("pipeline")["data"]
-    assert {c["schedule"] for c in d["cases"]} == {"gpipe", "1f1b"}
+    assert {c["schedule"] for c in d["cases"]} == {"gpipe", "1f1b", "interleaved-1f1b"}
     for case in d["cases"]:
-        assert case["formula_idle"] == round(bubble_fraction(d["pp_degree"], case["microbatches"]), 4)
+        v = case["virtual_stages"]
+        assert v == (2 if case["schedule"] == "interleaved-1f1b" else 1)
+        assert case["formula_idle"] == round(bubble_fraction(d["pp_degree"], case["microbatches"], v), 4)
         assert case["formula_idle"] == round(calc.pipeline_bubble(
-            stages=d["pp_degree"], microbatches=case["microbatches"])["bubble_fraction"], 4)
+            stages=d["pp_degree"], microbatches=case["microbatches"], interleave=v)["bubble_fraction"], 4)
         assert 0 < case["measured_idle"] < 1
 
 

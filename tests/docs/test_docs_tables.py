@@ -144,7 +144,9 @@ def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(na
 
 def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
     """The measured pipeline table is the data file the plot beside it draws, row for row,
-    and the page's reading of it holds: neither schedule idles less at every m."""
+    and the page's reading of it holds: neither GPipe nor 1F1B idles less at every m;
+    interleaved 1F1B sits further above its formula than both at every m, and idles less
+    than 1F1B at the two smallest m only."""
     import plots
 
     assert plots.DATA_DIR / "pipeline.json" == support.DOCS / "data" / "pipeline.json"
@@ -152,7 +154,8 @@ def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
     cases = record["data"]["cases"]
     lines = _computed_tables()["pipeline_bubble"].splitlines()[2:2 + len(cases)]
     rows = [line.strip("| ").split(" | ") for line in lines]
-    assert rows == [[{"gpipe": "GPipe", "1f1b": "1F1B"}[c["schedule"]], str(c["microbatches"]), f"{c['step_s']:.3f}",
+    names = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved 1F1B"}
+    assert rows == [[names[c["schedule"]], str(c["microbatches"]), f"{c['step_s']:.3f}",
                      f"{c['busy_s']:.3f}", f"{c['measured_idle']:.3f}", f"{c['formula_idle']:.3f}"] for c in cases]
     assert f"{record['date']}, commit {record['commit']}" in _computed_tables()["pipeline_bubble"]
     page = (support.DOCS / "foundations" / "tensor-pipeline.md").read_text(encoding="utf-8")
@@ -162,6 +165,9 @@ def test_the_pipeline_table_and_plot_show_the_same_run() -> None:
     counts = sorted({m for _, m in idle})
     assert not all(idle["1f1b", m] < idle["gpipe", m] for m in counts)
     assert not all(idle["gpipe", m] < idle["1f1b", m] for m in counts)
+    above = {(c["schedule"], c["microbatches"]): c["measured_idle"] - c["formula_idle"] for c in cases}
+    assert all(above["interleaved-1f1b", m] > max(above["1f1b", m], above["gpipe", m]) for m in counts)
+    assert [idle["interleaved-1f1b", m] < idle["1f1b", m] for m in counts] == [True, True, False, False]
 
 
 def test_the_gpu_table_is_the_committed_run() -> None:
