@@ -53,7 +53,7 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
                       "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate", "compile",
-                      "deterministic", "cp_degree")
+                      "deterministic", "cp_degree", "cp_style")
 # --8<-- [end:operational_fields]
 
 
@@ -140,6 +140,9 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
                 fail(f"2 x cp_degree ({2 * self.cp_degree}) must divide seq_len ({self.seq_len})")
             if self.compile:
                 fail("cp_degree above 1 runs without --compile (ring attention is not tested compiled)")
+            if self.cp_style == "ulysses" and self.n_heads % self.cp_degree:
+                fail(f"cp_style ulysses needs cp_degree ({self.cp_degree}) to divide n_heads ({self.n_heads}): "
+                     "each cp rank attends with whole heads")
         if self.fp8 and self.tp_degree > 1:
             fail("fp8 does not combine with tp_degree above 1 (its matmul takes plain tensors, not DTensors)")
         if self.compile and self.pp_degree > 1:
