@@ -54,6 +54,9 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
                       "pp_degree", "pp_microbatches", "pp_schedule", "dp_replicate", "compile",
                       "deterministic", "cp_degree", "cp_style")
+# Fields added after checkpoints began recording the digest: left out of it while at their
+# default, so every config that could be written before they existed keeps its digest.
+LATER_FIELDS = ("cp_style",)
 # --8<-- [end:operational_fields]
 
 
@@ -86,8 +89,11 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
         return {**values, "global_batch_size": self.global_batch_size}
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON of every field: equal in every process and run."""
-        canonical = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON of every field (`LATER_FIELDS` only away from their
+        default): equal in every process and run."""
+        defaults = {f.name: f.default for f in fields(self)}
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in LATER_FIELDS or v != defaults[k]}
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def validate(self) -> None:
