@@ -116,7 +116,7 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
             fail(f"pp_degree above 1 needs --model {models_with('pipeline')} (the model cut into stages of blocks)")
         if self.cp_degree > 1 and (not caps.context_parallel or self.dropout):
             fail(f"cp_degree above 1 needs --model {models_with('context_parallel')} with dropout 0 "
-                 "(ring attention has no dropout)")
+                 "(context-parallel attention has no dropout)")
         if self.n_experts and not caps.experts:
             fail(f"n_experts needs --model {models_with('experts')} (the model whose MLPs become experts)")
         if self.activation_checkpointing and not caps.activation_checkpointing:
@@ -145,7 +145,7 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
             if self.seq_len % (2 * self.cp_degree):
                 fail(f"2 x cp_degree ({2 * self.cp_degree}) must divide seq_len ({self.seq_len})")
             if self.compile:
-                fail("cp_degree above 1 runs without --compile (ring attention is not tested compiled)")
+                fail("cp_degree above 1 runs without --compile (context-parallel attention is not tested compiled)")
             if self.cp_style == "ulysses" and self.n_heads % self.cp_degree:
                 fail(f"cp_style ulysses needs cp_degree ({self.cp_degree}) to divide n_heads ({self.n_heads}): "
                      "each cp rank attends with whole heads")
