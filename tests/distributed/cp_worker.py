@@ -1,10 +1,10 @@
-"""A rank of the ring-attention tests, in a module of its own: a spawned child imports only
-torch and `reference_impl.context_parallel`, not the test module's imports.
+"""A rank of the context-parallel tests (ring and Ulysses attention), in a module of its own:
+a spawned child imports only torch and `reference_impl`, not the test module's imports.
 
 Every rank draws the same full-sequence q, k, v and output gradient, computes full causal
-attention and its gradients in this one process as the reference, then runs ring attention
-on its own tokens and records how far its rows of the output and of dq, dk, dv are from the
-reference's rows, and the bytes it sent.
+attention and its gradients in this one process as the reference, then runs ring or Ulysses
+attention on its own tokens and records how far its rows of the output and of dq, dk, dv
+are from the reference's rows, and the bytes it sent.
 """
 
 from __future__ import annotations
