@@ -53,7 +53,10 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
                       "pp_degree", "pp_microbatches", "pp_schedule", "pp_virtual_stages", "dp_replicate", "compile",
-                      "deterministic", "cp_degree")
+                      "deterministic", "cp_degree", "cp_style")
+# Fields added after checkpoints began recording the digest: left out of it while at their
+# default, so every config that could be written before they existed keeps its digest.
+LATER_FIELDS = ("pp_virtual_stages", "cp_style")
 # --8<-- [end:operational_fields]
 
 
@@ -86,8 +89,11 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
         return {**values, "global_batch_size": self.global_batch_size}
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON of every field: equal in every process and run."""
-        canonical = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical JSON of every field (`LATER_FIELDS` only away from their
+        default): equal in every process and run."""
+        defaults = {f.name: f.default for f in fields(self)}
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in LATER_FIELDS or v != defaults[k]}
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def validate(self) -> None:
@@ -110,7 +116,7 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
             fail(f"pp_degree above 1 needs --model {models_with('pipeline')} (the model cut into stages of blocks)")
         if self.cp_degree > 1 and (not caps.context_parallel or self.dropout):
             fail(f"cp_degree above 1 needs --model {models_with('context_parallel')} with dropout 0 "
-                 "(ring attention has no dropout)")
+                 "(context-parallel attention has no dropout)")
         if self.n_experts and not caps.experts:
             fail(f"n_experts needs --model {models_with('experts')} (the model whose MLPs become experts)")
         if self.activation_checkpointing and not caps.activation_checkpointing:
@@ -143,7 +149,10 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
             if self.seq_len % (2 * self.cp_degree):
                 fail(f"2 x cp_degree ({2 * self.cp_degree}) must divide seq_len ({self.seq_len})")
             if self.compile:
-                fail("cp_degree above 1 runs without --compile (ring attention is not tested compiled)")
+                fail("cp_degree above 1 runs without --compile (context-parallel attention is not tested compiled)")
+            if self.cp_style == "ulysses" and self.n_heads % self.cp_degree:
+                fail(f"cp_style ulysses needs cp_degree ({self.cp_degree}) to divide n_heads ({self.n_heads}): "
+                     "each cp rank attends with whole heads")
         if self.fp8 and self.tp_degree > 1:
             fail("fp8 does not combine with tp_degree above 1 (its matmul takes plain tensors, not DTensors)")
         if self.compile and self.pp_degree > 1:

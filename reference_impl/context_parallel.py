@@ -19,6 +19,7 @@ score blocks at every ring step (`score_blocks_per_step`, `idle_share`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -265,10 +266,12 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 # --8<-- [start:parallelize]
-def parallelize(model: nn.Module, group: dist.ProcessGroup | None, load_balanced: bool = True) -> nn.Module:
+def parallelize(model: nn.Module, group: dist.ProcessGroup | None, load_balanced: bool = True,
+                attention: Callable[..., torch.Tensor] = ring_attention) -> nn.Module:
     """Make `model` run on this rank's tokens of every sequence, attending over all of them.
 
-    Every attention block attends with ring attention over `group`, and the model embeds
+    Every attention block attends with `attention` over `group` (ring attention, or any
+    function of `ring_attention`'s signature and contract), and the model embeds
     its input at this rank's positions (`shard_sequence` of 0..t-1); every other layer
     treats tokens one at a time. The weights stay whole on every rank; each rank's loss
     covers its tokens, so the gradient of the mean loss is the mean of the ranks'.
@@ -279,8 +282,8 @@ def parallelize(model: nn.Module, group: dist.ProcessGroup | None, load_balanced
     for module in model.modules():
         if isinstance(module, Block):
             if module.dropout:
-                raise ValueError("context parallel needs dropout 0: ring attention has no attention dropout")
-            module.attention = partial(ring_attention, group=group, load_balanced=load_balanced)
+                raise ValueError("context parallel needs dropout 0: its attention has no dropout")
+            module.attention = partial(attention, group=group, load_balanced=load_balanced)
         if isinstance(module, TinyTransformer):
             module.register_forward_pre_hook(partial(_at_my_positions, group, load_balanced), with_kwargs=True)
     return model

@@ -98,13 +98,13 @@ def route(x: torch.Tensor, router: nn.Linear, top_k: int, capacity_factor: float
 
 
 # --8<-- [start:dispatch]
-class _AllToAll(torch.autograd.Function):
+class AllToAll(torch.autograd.Function):
     """`all_to_all_single` of rows, differentiable: the gradient goes back the way the rows
     came, so the backward is the same call with the split sizes swapped."""
 
     @staticmethod
     def forward(ctx: Any, rows: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                group: dist.ProcessGroup) -> torch.Tensor:
+                group: dist.ProcessGroup | None) -> torch.Tensor:
         ctx.splits, ctx.group = (out_splits, in_splits), group
         received = rows.new_empty((sum(out_splits), *rows.shape[1:]))
         dist.all_to_all_single(received, rows.contiguous(), out_splits, in_splits, group=group)
@@ -113,7 +113,7 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         out_splits, in_splits = ctx.splits
-        return _AllToAll.apply(grad, in_splits, out_splits, ctx.group), None, None, None
+        return AllToAll.apply(grad, in_splits, out_splits, ctx.group), None, None, None
 
 
 def dispatch(x: torch.Tensor, routing: Routing, group: dist.ProcessGroup | None
@@ -135,7 +135,7 @@ def dispatch(x: torch.Tensor, routing: Routing, group: dist.ProcessGroup | None
     dist.all_to_all_single(received_counts, routing.counts, group=group)
     in_splits = routing.counts.view(ep, local).sum(dim=1).tolist()
     out_splits = received_counts.view(ep, local).sum(dim=1).tolist()
-    received = _AllToAll.apply(rows, out_splits, in_splits, group)
+    received = AllToAll.apply(rows, out_splits, in_splits, group)
     # The rows come source rank after source rank, each sorted by expert.
     local_expert = torch.arange(local, device=x.device).repeat(ep)
     return received, local_expert.repeat_interleave(received_counts), in_splits, out_splits
@@ -148,7 +148,7 @@ def combine(x: torch.Tensor, expert_out: torch.Tensor, routing: Routing, splits:
     """Send the experts' outputs back to their tokens' ranks and add them, gated, to the
     residual `x`; a token whose every assignment was dropped comes out as it went in."""
     in_splits, out_splits = splits
-    back = expert_out if group is None else _AllToAll.apply(expert_out, in_splits, out_splits, group)
+    back = expert_out if group is None else AllToAll.apply(expert_out, in_splits, out_splits, group)
     return x.index_add(0, routing.token, back * routing.gate.unsqueeze(-1))
 # --8<-- [end:combine]
 

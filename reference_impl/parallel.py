@@ -22,7 +22,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 # --8<-- [end:imports]
-from reference_impl import context_parallel, experts, pipeline, tensor_parallel
+from reference_impl import context_parallel, experts, pipeline, tensor_parallel, ulysses
 from reference_impl.compiled import compile_units
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
@@ -92,10 +92,13 @@ class Parallelism:
     sharded: bool
 
 
+# The attention that context parallel runs (`--cp-style`): both keep the same tokens per rank.
+CP_STYLES: dict[str, Callable[[nn.Module, DeviceMesh, TrainConfig], nn.Module]] = {
+    "ring": context_parallel.wrap, "ulysses": ulysses.wrap}
 PARALLELISMS: dict[str, Parallelism] = {  # applied in this order
     "pp": Parallelism("pp", pipeline.split, sharded=True),
     "tp": Parallelism("tp", tensor_parallel.parallelize, sharded=True),
-    "cp": Parallelism("cp", context_parallel.wrap, sharded=False),
+    "cp": Parallelism("cp", lambda model, mesh, cfg: CP_STYLES[cfg.cp_style](model, mesh, cfg), sharded=False),
     "ep": Parallelism("ep", experts.wrap, sharded=True),
     "ddp": Parallelism("dp_replicate", ddp, sharded=False),
     "fsdp": Parallelism("dp_shard", fsdp, sharded=True),

@@ -37,9 +37,11 @@ def test_global_batch_size_counts_micro_batches_accumulation_and_ranks() -> None
 # dp_replicate 2, two replica groups of two shards, are).
 DIGEST_BASE = TrainConfig(strategy="fsdp", model="transformer", checkpoint_dir="ckpt", world_size=4)
 # A field valid away from its default only together with others (expert parallel needs the
-# experts it splits and, here, a world of its size) changes alone from a base that has them.
+# experts it splits and, here, a world of its size; an interleaved schedule's virtual stages need
+# that schedule; a context-parallel style needs cp ranks) changes alone from a base that has them.
 COMPANIONS: dict[str, dict[str, Any]] = {"ep_degree": {"n_experts": 4, "world_size": 2, "strategy": "ddp"},
-                                         "pp_virtual_stages": {"pp_schedule": "interleaved-1f1b"}}
+                                         "pp_virtual_stages": {"pp_schedule": "interleaved-1f1b"},
+                                         "cp_style": {"cp_degree": 2}}
 
 
 def _base(name: str) -> TrainConfig:
@@ -200,6 +202,8 @@ HSDP_ERRORS = [
 ]
 
 CP = ["--model", "transformer", "--cp-degree", "2"]
+ULYSSES_HEADS = ([*CP, "--cp-style", "ulysses", "--n-heads", "1"], "2",
+                 "cp_style ulysses needs cp_degree (2) to divide n_heads (1): each cp rank attends with whole heads")
 CP_ERRORS = [
     (["--cp-degree", "2"], "2", "cp_degree above 1 needs --model transformer with dropout 0"),
     ([*CP, "--dropout", "0.1"], "2", "cp_degree above 1 needs --model transformer with dropout 0"),
@@ -208,6 +212,9 @@ CP_ERRORS = [
     ([*CP, "--tp-degree", "2", "--strategy", "fsdp"], "4", "cp_degree above 1 runs with tp_degree, pp_degree"),
     ([*CP, "--compile"], "2", "cp_degree above 1 runs without --compile"),
     (["--cp-degree", "0"], "1", "cp_degree must be >= 1"),
+    ULYSSES_HEADS,
+    (["--cp-style", "ulysses"], "1", "cp_style ulysses needs --cp-degree above 1"),
+    ([*CP, "--cp-style", "star"], "2", "argument --cp-style: invalid choice: 'star' (choose from 'ring', 'ulysses')"),
 ]
 MOE = ["--model", "transformer", "--n-experts", "4"]
 EP_ERRORS = [
@@ -265,10 +272,12 @@ def test_pipeline_stages_share_their_samples_and_default_to_one_micro_batch_each
     assert cfg.data_parallel_size == 2 and cfg.global_batch_size == 16 and cfg.pipeline_microbatches == 2
 
 
-def test_a_bad_mesh_exits_2_under_torchrun_before_rendezvous() -> None:
+@pytest.mark.parametrize("flags,message", [TP_ERRORS[0][::2], ULYSSES_HEADS[::2]],
+                         ids=["tp_degree", "ulysses_heads"])
+def test_a_bad_mesh_exits_2_under_torchrun_before_rendezvous(flags: list[str], message: str) -> None:
     """MASTER_PORT 1 has no store behind it: reaching init_process_group would fail otherwise."""
-    run = python_module(TP_ERRORS[0][0], timeout=60, env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
-                                                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    run = python_module(flags, timeout=60, env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+                                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and TP_ERRORS[0][2] in lines[0], lines
+    assert len(lines) == 1 and message in lines[0], lines

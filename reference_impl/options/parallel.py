@@ -26,8 +26,11 @@ class ParallelOptions(Options):
     and reads the same samples; the world size must be a multiple of it."""
     cp_degree: int = 1
     """Context-parallel ranks per model replica (transformer, dropout 0): each holds 2 of
-    2 x cp_degree chunks of every sequence, ring attention passes keys and values between
+    2 x cp_degree chunks of every sequence, attention (`cp_style`) communicates between
     them, and they read the same samples; the world size must be a multiple of it."""
+    cp_style: Literal["ring", "ulysses"] = "ring"
+    """How the cp ranks attend: ring attention passes keys and values around; Ulysses trades
+    sequence shards for head shards with two all-to-alls (n_heads divisible by cp_degree)."""
     ep_degree: int = 1
     """Expert-parallel ranks (needs n_experts, a multiple of it, and must divide the data-parallel
     size): groups of this many consecutive data-parallel ranks, each reading its own samples and
@@ -146,6 +149,8 @@ class ParallelOptions(Options):
     def _check_context_parallel(self) -> None:
         """The cp ranks tile the world; no other parallelism is combined with them here."""
         if self.cp_degree == 1:
+            if self.cp_style != "ring":
+                fail(f"cp_style {self.cp_style} needs --cp-degree above 1")
             return
         if self.world_size % self.cp_degree:
             fail(f"cp_degree ({self.cp_degree}) must divide the world size ({self.world_size})")

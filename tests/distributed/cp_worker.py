@@ -1,16 +1,17 @@
-"""A rank of the ring-attention tests, in a module of its own: a spawned child imports only
-torch and `reference_impl.context_parallel`, not the test module's imports.
+"""A rank of the context-parallel tests (ring and Ulysses attention), in a module of its own:
+a spawned child imports only torch and `reference_impl`, not the test module's imports.
 
 Every rank draws the same full-sequence q, k, v and output gradient, computes full causal
-attention and its gradients in this one process as the reference, then runs ring attention
-on its own tokens and records how far its rows of the output and of dq, dk, dv are from the
-reference's rows, and the bytes it sent.
+attention and its gradients in this one process as the reference, then runs ring or Ulysses
+attention on its own tokens and records how far its rows of the output and of dq, dk, dv
+are from the reference's rows, and the bytes it sent.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,8 +21,13 @@ import torch.nn.functional as F
 
 from reference_impl.context_parallel import CommStats, parallelize, ring_attention, shard_sequence
 from reference_impl.model import TinyTransformer
+from reference_impl.ulysses import ulysses_attention
 
 BATCH, HEADS, HEAD_DIM, CHUNK = 2, 2, 8, 4  # CHUNK tokens per chunk: diagonal blocks mask inside
+# The transformer's cases: (load_balanced, attention).
+MODEL_CASES = {"contiguous": (False, ring_attention), "load_balanced": (True, ring_attention),
+               "ulysses": (True, ulysses_attention)}
+ULYSSES_HEADS = 4  # Ulysses gives each rank whole heads: divisible by 2 and 4 ranks
 # (load_balanced, query scale, dtype of the ring's inputs); the reference is computed in
 # float64. In float64 a difference from it is a bug, not the rounding of another summation
 # order. Scores of ~±100 overflow exp() in float32 unless the row maximum is subtracted
@@ -39,45 +45,92 @@ def _gloo(rank: int, world_size: int, port: int) -> None:
                             world_size=world_size, timeout=timedelta(seconds=60))
 
 
+def _full_attention(case: str, seq_len: int, heads: int) -> tuple[list[torch.Tensor], torch.Tensor,
+                                                                   list[torch.Tensor], torch.Tensor]:
+    """The inputs of `case` (q, k, v in its dtype), the output gradient, and the float64
+    reference: leaves holding dq, dk, dv of full causal attention, and its output."""
+    _, sharpness, dtype = CASES[case]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, grad = (torch.randn(BATCH, heads, seq_len, HEAD_DIM, generator=gen, dtype=dtype) for _ in range(4))
+    inputs = [q * sharpness, k, v]
+    full = [t.double().requires_grad_() for t in inputs]  # the reference in float64
+    want = F.scaled_dot_product_attention(*full, is_causal=True)
+    want.backward(grad.double())
+    return inputs, grad, full, want.detach()
+
+
+def _errors_of(attention: Callable[..., torch.Tensor], case: str, rank: int, world_size: int,
+               heads: int) -> dict[str, float]:
+    """The relative error of this rank's rows of out, dq, dk, dv from `attention` on its tokens."""
+    load_balanced = CASES[case][0]
+    inputs, grad, full, want = _full_attention(case, 2 * world_size * CHUNK, heads)
+
+    def mine(x: torch.Tensor) -> torch.Tensor:
+        return shard_sequence(x, rank, world_size, load_balanced, dim=2)
+
+    local = [mine(t.detach()).requires_grad_() for t in inputs]
+    got = attention(*local, load_balanced=load_balanced)
+    got.backward(mine(grad))
+    return {"out": _relative_error(got.detach(), mine(want)),
+            **{f"d{n}": _relative_error(t.grad, mine(f.grad)) for n, t, f in zip("qkv", local, full, strict=True)}}
+
+
 def compare_with_full_attention(rank: int, world_size: int, port: int, out_dir: str,
                                 cases: tuple[str, ...] = tuple(CASES)) -> None:
     """Write rank<r>.json: per case (all of `CASES`, or those named), the relative error of
     out, dq, dk, dv and bytes sent."""
     _gloo(rank, world_size, port)
     try:
-        seq_len = 2 * world_size * CHUNK
         results = {}
         for name in cases:
-            load_balanced, sharpness, dtype = CASES[name]
-            gen = torch.Generator().manual_seed(0)
-            q, k, v, grad = (torch.randn(BATCH, HEADS, seq_len, HEAD_DIM, generator=gen, dtype=dtype)
-                          for _ in range(4))
-            q = q * sharpness
-            full = [t.double().requires_grad_() for t in (q, k, v)]  # the reference in float64
-            want = F.scaled_dot_product_attention(*full, is_causal=True)
-            want.backward(grad.double())
+            stats, forward = CommStats(), []
 
-            def mine(x: torch.Tensor, lb: bool = load_balanced) -> torch.Tensor:
-                return shard_sequence(x, rank, world_size, lb, dim=2)
+            def ring(*qkv: torch.Tensor, load_balanced: bool, stats: CommStats = stats,
+                     forward: list[int] = forward) -> torch.Tensor:
+                out = ring_attention(*qkv, load_balanced=load_balanced, stats=stats)
+                forward.append(stats.bytes_sent)
+                return out
 
-            local = [mine(t.detach()).requires_grad_() for t in (q, k, v)]
-            stats = CommStats()
-            got = ring_attention(*local, load_balanced=load_balanced, stats=stats)
-            forward_bytes = stats.bytes_sent
-            got.backward(mine(grad))
-            results[name] = {
-                "out": _relative_error(got.detach(), mine(want.detach())),
-                **{f"d{n}": _relative_error(t.grad, mine(f.grad))
-                   for n, t, f in zip("qkv", local, full, strict=True)},
-                "forward_bytes": forward_bytes, "total_bytes": stats.bytes_sent,
-            }
+            errors = _errors_of(ring, name, rank, world_size, HEADS)
+            results[name] = {**errors, "forward_bytes": forward[0], "total_bytes": stats.bytes_sent}
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
     finally:
         dist.destroy_process_group()
 
 
+def compare_ulysses_with_full_attention(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Write ulysses<r>.json: per case of `CASES`, with `ULYSSES_HEADS` heads, the relative
+    error of out, dq, dk, dv, and the bytes handed to `all_to_all_single`, forward and in all."""
+    _gloo(rank, world_size, port)
+    sent, collective = [], dist.all_to_all_single
+
+    def counted(output: torch.Tensor, input: torch.Tensor, *args: object, **kwargs: object) -> object:
+        """The real collective, after noting the size of what it is asked to send."""
+        sent.append(input.numel() * input.element_size())
+        return collective(output, input, *args, **kwargs)
+
+    dist.all_to_all_single = counted  # every all-to-all of this rank, forward and backward
+    try:
+        results = {}
+        for name in CASES:
+            sent.clear()
+            forward: list[int] = []
+
+            def ulysses(*qkv: torch.Tensor, load_balanced: bool, forward: list[int] = forward) -> torch.Tensor:
+                out = ulysses_attention(*qkv, load_balanced=load_balanced)
+                forward.append(sum(sent))
+                return out
+
+            errors = _errors_of(ulysses, name, rank, world_size, ULYSSES_HEADS)
+            results[name] = {**errors, "forward_bytes": forward[0], "total_bytes": sum(sent), "calls": len(sent)}
+        (Path(out_dir) / f"ulysses{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.all_to_all_single = collective
+        dist.destroy_process_group()
+
+
 def compare_transformer_with_one_process(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Write model<r>.json: for contiguous and load-balanced chunks, the difference of the
+    """Write model<r>.json: per case of `MODEL_CASES`, the difference of the
     transformer's loss and of every parameter's gradient (averaged over the ranks, as data
     parallel would) from one process's over the whole sequence, in float64."""
     _gloo(rank, world_size, port)
@@ -90,8 +143,8 @@ def compare_transformer_with_one_process(rank: int, world_size: int, port: int, 
         loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
         loss.backward()
         want = {name: p.grad.clone() for name, p in model.named_parameters()}
-        for load_balanced in (False, True):
-            cp_model = parallelize(copy.deepcopy(model), None, load_balanced)
+        for case, (load_balanced, attention) in MODEL_CASES.items():
+            cp_model = parallelize(copy.deepcopy(model), None, load_balanced, attention)
             cp_model.zero_grad()
 
             def mine(x: torch.Tensor, lb: bool = load_balanced) -> torch.Tensor:
@@ -107,7 +160,7 @@ def compare_transformer_with_one_process(rank: int, world_size: int, port: int, 
             for name, p in cp_model.named_parameters():
                 dist.all_reduce(p.grad)
                 errors.append(_relative_error(p.grad / world_size, want[name]))
-            results["load_balanced" if load_balanced else "contiguous"] = {
+            results[case] = {
                 "loss": abs(mean.item() / world_size - loss.item()), "grad": max(errors),
                 "parameters": len(errors)}
         (Path(out_dir) / f"model{rank}.json").write_text(json.dumps(results))

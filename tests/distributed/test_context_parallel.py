@@ -97,13 +97,14 @@ def test_ring_attention_on_four_ranks_equals_full_attention(tmp_path: Path) -> N
 @pytest.mark.slow  # like the two-rank attention test
 @pytest.mark.timeout(180)
 def test_transformer_on_two_context_parallel_ranks_equals_one_process(tmp_path: Path) -> None:
-    """The reference transformer with ring attention (`parallelize`) on each rank's tokens and
-    positions: the mean of the ranks' losses, and of their gradients for every parameter,
-    equal one process's over the whole sequence within 1e-12 (float64)."""
+    """The reference transformer with ring attention (`parallelize`), and with Ulysses
+    attention, on each rank's tokens and positions: the mean of the ranks' losses, and of
+    their gradients for every parameter, equal one process's over the whole sequence within
+    1e-12 (float64)."""
     run_ranks(cp_worker.compare_transformer_with_one_process, (2, free_port(), str(tmp_path)), timeout=120)
     for rank in range(2):
         results = json.loads((tmp_path / f"model{rank}.json").read_text())
-        assert set(results) == {"contiguous", "load_balanced"}
+        assert set(results) == set(cp_worker.MODEL_CASES)
         for case, result in results.items():
             assert result["parameters"] == 30, "every parameter: 12 per block, embed, pos, norm and head"
             assert result["loss"] < 1e-12 and result["grad"] < 1e-12, (rank, case, result)
