@@ -10,6 +10,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
@@ -17,7 +18,6 @@ from reference_impl.model import loss_fn
 from reference_impl.parallel import unwrap
 from reference_impl.step import autocast
 
-# --8<-- [end:imports]
 
 Inputs = list[tuple[torch.Tensor, torch.Tensor]]  # a step's micro-batches: (inputs, targets)
 
@@ -26,7 +26,6 @@ class NonFiniteLoss(RuntimeError):
     """A loss became NaN or inf outside fp16 (where the GradScaler handles it)."""
 
 
-# --8<-- [start:nonfinite_guard]
 class NonFiniteGuard:
     """Decides, on every rank alike, whether a step's update may be applied.
 
@@ -44,6 +43,7 @@ class NonFiniteGuard:
         self.bad_ranks: list[int] = []  # of the last step checked; empty when it was applied
         self.module: str | None = None  # this rank's first non-finite output in that step
 
+    # --8<-- [start:nonfinite_agree]
     def approve(self, loss: torch.Tensor, inputs: Inputs | None, step: int) -> bool:
         """True if every rank's `loss` is finite; else attribute the step and return False."""
         flag = (~loss.detach().isfinite()).float().reshape(1)
@@ -58,6 +58,7 @@ class NonFiniteGuard:
             self.log.emit("nonfinite", rank=self.ctx.rank, step=step, module=self.module,
                           loss=str(loss.item()))
         return False
+    # --8<-- [end:nonfinite_agree]
 
     def _ranks_with(self, flag: torch.Tensor) -> list[int]:
         if not self.ctx.distributed:
@@ -94,7 +95,6 @@ class NonFiniteGuard:
             for handle in handles:
                 handle.remove()
         return found[0] if found else None
-# --8<-- [end:nonfinite_guard]
 
 
 def finite(output: object) -> bool:

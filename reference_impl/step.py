@@ -110,12 +110,20 @@ def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.opti
         if approve:
             inputs.append((x, y))
     total = functools.reduce(torch.add, losses)
-    if approve is None or approve(total, inputs):
+    if approve is None or approved(approve, total, inputs, timer):
         optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
     else:
         optimizer.zero_grad(set_to_none=True)
     return total, indices
 # --8<-- [end:train_step]
+
+
+def approved(approve: Approve, loss: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]] | None,
+             timer: PhaseTimer) -> bool:
+    """`approve(loss, inputs)`, timed as the `finite_check` phase: it waits for every rank
+    (a collective and a host read), so a straggler detector leaves it out of a rank's own time."""
+    with timer.phase("finite_check", host=True):
+        return approve(loss, inputs)
 
 
 def autocast(device: torch.device, cfg: TrainConfig) -> AbstractContextManager[object]:
@@ -205,7 +213,7 @@ def pipeline_train_step(pipeline: Pipeline, model: nn.Module, batches: Iterator[
             total_loss += loss.detach()
         indices.append(idx)
     dist.broadcast(total_loss, group=pipeline.group, group_src=pipeline.degree - 1)
-    if approve is None or approve(total_loss, None):
+    if approve is None or approved(approve, total_loss, None, timer):
         optimizer_step(model, optimizer, scheduler, None, cfg, timer, pipeline.group)
     else:
         optimizer.zero_grad(set_to_none=True)

@@ -9,19 +9,19 @@ import time
 import torch
 import torch.distributed as dist
 
+# --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog, PhaseTimer
 
-# --8<-- [end:imports]
 
 # Phases in which a rank can block on a slower peer: DDP's gradient all-reduce finishes inside
-# the backward, and a pipeline stage waits for its neighbours' activations. Time spent there
-# is the straggler's time showing up on everyone else, so it is left out of a rank's own.
-WAITING_PHASES = ("backward", "pipeline")
+# the backward, every rank agrees that the loss is finite after it, and a pipeline stage waits
+# for its neighbours' activations. Time spent there is the straggler's time showing up on
+# everyone else, so it is left out of a rank's own.
+WAITING_PHASES = ("backward", "finite_check", "pipeline")
 
 
-# --8<-- [start:straggler_monitor]
 class StragglerMonitor:
     """Names the rank that holds the others back, once, from one small all_gather per window.
 
@@ -63,6 +63,7 @@ class StragglerMonitor:
     def _waited(self) -> float:
         return sum(self.timer.host_seconds(name) for name in WAITING_PHASES)
 
+    # --8<-- [start:straggler_rule]
     def _compare(self, step: int) -> None:
         mine = torch.tensor(self._times, dtype=torch.float64)
         self._times.clear()
@@ -76,4 +77,4 @@ class StragglerMonitor:
             if self.strikes[rank] >= self.patience and rank not in self.reported:
                 self.reported.add(rank)
                 self.log.progress("straggler", rank=rank, step=step, slowdown=round(slowdown, 2))
-# --8<-- [end:straggler_monitor]
+    # --8<-- [end:straggler_rule]

@@ -109,7 +109,7 @@ class FaultOptions(Options):
     is at least this many times the median of the other ranks'."""
     straggler_window: int = 5
     """Steps per straggler check: each check is one all_gather of every rank's step times."""
-    straggler_patience: int = 2
+    straggler_patience: int = 3
     """Consecutive slow windows before a rank is reported as a straggler (once per run)."""
     nonfinite_policy: Literal["stop", "skip", "rollback"] = "stop"
     """What a non-finite loss on any rank does: stop the run (exit 1, nothing poisoned is

@@ -40,9 +40,9 @@ def job(steps: int, *flags: str) -> Run:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, Path]:
-    """An uninterrupted 20-step run with checkpoints every 5 steps and a sample log."""
+    """An uninterrupted 40-step run with checkpoints every 5 steps and a sample log."""
     root = tmp_path_factory.mktemp("clean")
-    run = job(20, "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "5",
+    run = job(40, "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "5",
               "--sample-log", str(root / "samples"))
     assert run.returncode == 0, run.stderr[-3000:]
     return run, root
@@ -55,14 +55,14 @@ def test_a_clean_run_names_no_straggler(clean: tuple[Run, Path]) -> None:
 
 
 def test_a_slowed_rank_is_named_once_under_torchrun(tmp_path: Path) -> None:
-    run = launch.torchrun([*BASE, "--max-steps", "20", "--fail-mode", "slow", "--fail-at-step", "4",
+    run = launch.torchrun([*BASE, "--max-steps", "25", "--fail-mode", "slow", "--fail-at-step", "4",
                            "--fail-rank", "1", "--fail-slow-s", "0.25"], timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     assert_one_straggler(run, rank=1, since=4)
 
 
 def test_a_slowed_rank_0_is_named_and_not_its_waiting_peer() -> None:
-    run = job(24, "--fail-mode", "slow", "--fail-at-step", "7", "--fail-rank", "0", "--fail-slow-s", "0.25")
+    run = job(25, "--fail-mode", "slow", "--fail-at-step", "7", "--fail-rank", "0", "--fail-slow-s", "0.25")
     assert run.returncode == 0, run.stderr[-3000:]
     assert_one_straggler(run, rank=0, since=7)
 
@@ -112,12 +112,12 @@ def test_skip_drops_exactly_that_update_on_every_rank(tmp_path: Path) -> None:
 
 
 def test_rollback_ends_with_the_digest_of_an_uninterrupted_run(clean: tuple[Run, Path], tmp_path: Path) -> None:
-    """A transient NaN at step 13 on rank 1: both ranks restore step 10 and train 11-20 again.
+    """A transient NaN at step 13 on rank 1: both ranks restore step 10 and train 11-40 again.
     Model, optimizer, RNG streams and data order all come back, so the end is bit-identical,
     and the sample log describes the same history as the uninterrupted run's."""
     straight, root = clean
     samples = tmp_path / "samples"
-    run = job(20, "--fail-mode", "nan", "--fail-at-step", "13", "--fail-rank", "1",
+    run = job(40, "--fail-mode", "nan", "--fail-at-step", "13", "--fail-rank", "1",
               "--nonfinite-policy", "rollback", "--checkpoint-dir", str(tmp_path / "ckpt"),
               "--checkpoint-every", "5", "--sample-log", str(samples))
     assert run.returncode == 0, run.stderr[-3000:]
