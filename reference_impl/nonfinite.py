@@ -18,7 +18,6 @@ from reference_impl.model import loss_fn
 from reference_impl.parallel import unwrap
 from reference_impl.step import autocast
 
-
 Inputs = list[tuple[torch.Tensor, torch.Tensor]]  # a step's micro-batches: (inputs, targets)
 
 

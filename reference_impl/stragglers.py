@@ -14,7 +14,6 @@ from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog, PhaseTimer
 
-
 # Phases in which a rank can block on a slower peer: DDP's gradient all-reduce finishes inside
 # the backward, every rank agrees that the loss is finite after it, and a pipeline stage waits
 # for its neighbours' activations. Time spent there is the straggler's time showing up on
