@@ -45,13 +45,14 @@ class NonFiniteGuard:
     # --8<-- [start:nonfinite_agree]
     def approve(self, loss: torch.Tensor, inputs: Inputs | None, step: int) -> bool:
         """True if every rank's `loss` is finite; else attribute the step and return False."""
-        flag = (~loss.detach().isfinite()).float().reshape(1)
+        mine = (~loss.detach().isfinite()).float().reshape(1)
+        flag = mine.clone()  # the all-reduce overwrites it with every rank's verdict
         if self.ctx.distributed:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if not flag.item():  # the one host read of a healthy step
             self.bad_ranks, self.module = [], None
             return True
-        self.bad_ranks = self._ranks_with((~loss.detach().isfinite()).float().reshape(1))
+        self.bad_ranks = self._ranks_with(mine)
         self.module = self.first_nonfinite(inputs) if inputs is not None else None
         if self.ctx.rank in self.bad_ranks:
             self.log.emit("nonfinite", rank=self.ctx.rank, step=step, module=self.module,

@@ -285,13 +285,12 @@ def log_step(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLo
     """Emit a progress event: the step's loss is `null` when the step was skipped as non-finite."""
     if ctx.distributed:
         dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # report the global mean, not rank 0's
-    value: float | None = loss.item()
-    if value is not None and not math.isfinite(value):  # fp16 overflow, or a skipped step
-        value = None
+    value = loss.item()
+    shown = value if math.isfinite(value) else None  # fp16 overflow, or a skipped step
     # Mixture of experts: the last micro-batch's load-balancing loss (part of `loss`) and the
     # (token, expert) assignments this rank dropped over capacity since the last log.
     moe = take_stats(state.model) if cfg.n_experts else {}
-    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=value, **moe,
+    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=shown, **moe,
                  lr=state.scheduler.get_last_lr()[0], samples_per_s=round(meter.rate(), 1),
                  phase_s={k: round(v, 6) for k, v in timer.flush().items()})
 

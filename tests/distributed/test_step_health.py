@@ -76,9 +76,10 @@ def assert_one_straggler(run: Run, rank: int, since: int) -> None:
     assert event["slowdown"] >= DEFAULTS.straggler_threshold, event
 
 
-def test_a_nan_stops_the_run_naming_rank_step_and_module(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])  # FSDP: the replay's all-gathers run on every rank
+def test_a_nan_stops_the_run_naming_rank_step_and_module(strategy: str, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    run = job(20, "--fail-mode", "nan", "--fail-at-step", "8", "--fail-rank", "1",
+    run = job(20, "--fail-mode", "nan", "--fail-at-step", "8", "--fail-rank", "1", "--strategy", strategy,
               "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5")
     assert run.returncode == 1
     assert [(e["rank"], e["step"], e["module"]) for e in run.of("nonfinite")] == [(1, 8, POISONED)]
