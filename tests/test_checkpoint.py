@@ -239,7 +239,7 @@ def test_a_real_file_size_limit_fails_the_save_and_keeps_earlier_checkpoints(tmp
 
 
 @pytest.mark.parametrize("log_every", ["1", "1000"])  # the check runs every step, not at log steps
-def test_a_non_finite_loss_halts_at_its_step_before_it_is_checkpointed(log_every: str, tmp_path: Path) -> None:
+def test_a_non_finite_loss_halts_before_it_is_checkpointed(log_every: str, tmp_path: Path) -> None:
     """A learning rate of 1e30 blows the weights up in the first update: step 2 is the first
     non-finite one, and the run stops there, whatever the log interval."""
     run = train(tmp_path, "--optimizer", "sgd", "--lr", "1e30", "--grad-clip", "0", "--warmup-steps", "0",
