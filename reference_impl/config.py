@@ -53,10 +53,12 @@ OPERATIONAL_FIELDS = ("micro_batch_size", "grad_accum_steps", "num_workers", "de
                       "allow_config_change", "step_timeout_s", "fail_at_step", "fail_rank",
                       "fail_mode", "resume_skip", "world_size", "preempt_grace_s", "tp_degree",
                       "pp_degree", "pp_microbatches", "pp_schedule", "pp_virtual_stages", "dp_replicate", "compile",
-                      "deterministic", "cp_degree", "cp_style")
+                      "deterministic", "cp_degree", "cp_style", "fail_slow_s", "straggler_threshold",
+                      "straggler_window", "straggler_patience", "nonfinite_policy")
 # Fields added after checkpoints began recording the digest: left out of it while at their
 # default, so every config that could be written before they existed keeps its digest.
-LATER_FIELDS = ("pp_virtual_stages", "cp_style")
+LATER_FIELDS = ("pp_virtual_stages", "cp_style", "fail_slow_s", "straggler_threshold", "straggler_window",
+                "straggler_patience", "nonfinite_policy")
 # --8<-- [end:operational_fields]
 
 
@@ -191,6 +193,18 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
                 fail(f"allow_config_change names an unknown field {name!r}")
         if self.fail_rank >= self.world_size:
             fail(f"fail_rank ({self.fail_rank}) must be < world_size ({self.world_size})")
+        self._check_nonfinite_plan()
+
+    def _check_nonfinite_plan(self) -> None:
+        """The non-finite policy and the nan fault have what they need."""
+        if self.nonfinite_policy == "rollback" and not self.checkpoint_dir:
+            fail("nonfinite_policy rollback needs checkpoint_dir (the checkpoint it rolls back to)")
+        if self.precision == "fp16" and (self.nonfinite_policy != "stop" or self.fail_mode == "nan"):
+            fail("nonfinite_policy skip or rollback and fail_mode nan need --precision fp32 or bf16: "
+                 "under fp16 the GradScaler skips non-finite steps itself")
+        if self.pp_degree > 1 and (self.nonfinite_policy != "stop" or self.fail_mode == "nan"):
+            fail("nonfinite_policy skip or rollback and fail_mode nan need pp_degree 1 "
+                 "(the stages of a pipeline do not replay a step's forward)")
 
     @classmethod
     def from_cli(cls, argv: list[str] | None = None, environ: dict[str, str] | None = None) -> TrainConfig:

@@ -11,9 +11,14 @@ import threading
 import time
 from types import TracebackType
 
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog, PhaseTimer
+from reference_impl.parallel import unwrap
 
 
 class FaultInjector:
@@ -28,17 +33,31 @@ class FaultInjector:
         armed = ctx.rank == cfg.fail_rank and attempt < len(cfg.fail_at_step)
         self.step = cfg.fail_at_step[attempt] if armed else None
         self.mode = cfg.fail_mode
+        self.slow_s = cfg.fail_slow_s
+        self._poison: RemovableHandle | None = None
 
     @classmethod
     def disabled(cls) -> FaultInjector:
         """An injector that never fires."""
         injector = cls.__new__(cls)
-        injector.step, injector.mode = None, "sigkill"
+        injector.step, injector.mode, injector._poison = None, "sigkill", None
         return injector
 
-    def before_step(self, step: int) -> None:
-        """SIGKILL or SIGTERM this process, or hang it, before `step` runs."""
+    def before_step(self, step: int, model: nn.Module | None = None) -> None:
+        """SIGKILL or SIGTERM this process, hang it, slow it or poison `model`'s forward,
+        before `step` runs."""
+        if self._poison:  # the poisoned step is over (or was rolled back): the fault was transient
+            self._poison.remove()
+            self._poison = None
+        if self.mode == "slow" and self.step is not None and step >= self.step:
+            time.sleep(self.slow_s)  # a slow host: this rank's peers wait for it in the gradient sync
+            return
         if step != self.step:
+            return
+        if self.mode == "nan" and model is not None:
+            self.step = None  # once: a rollback that trains this step again finds it healthy
+            _, target = poison_target(model)
+            self._poison = target.register_forward_hook(_non_finite_output)
             return
         if self.mode == "sigkill":
             kill_self()
@@ -62,6 +81,19 @@ class FaultInjector:
         """Simulate a crash after every file is written but before the atomic rename."""
         if step == self.step and self.mode == "crash-before-publish":
             kill_self()
+
+
+def poison_target(model: nn.Module) -> tuple[str, nn.Module]:
+    """The module whose output a `nan` fault poisons, with its name: the middle one of the
+    modules that hold parameters themselves, so the first non-finite output is neither the
+    model's first module nor its last."""
+    holders = [(name, m) for name, m in unwrap(model).named_modules()
+               if any(True for _ in m.parameters(recurse=False))]
+    return holders[len(holders) // 2]
+
+
+def _non_finite_output(module: nn.Module, args: tuple[object, ...], output: torch.Tensor) -> torch.Tensor:
+    return output * float("nan")
 
 
 def kill_self() -> None:

@@ -45,6 +45,10 @@ class PhaseTimer:
             found = self._phases[name] = _Phase(self, name, host or not self.cuda)
         return found
 
+    def host_seconds(self, name: str) -> float:
+        """Host seconds spent in phase `name` since the last flush (0 for a device-timed phase)."""
+        return self._host.get(name, 0.0)
+
     def flush(self) -> dict[str, float]:
         """Return seconds per phase since the last flush and reset (syncs CUDA once)."""
         totals = dict(self._host)

@@ -32,12 +32,13 @@ class SampleLog:
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def append(self, step: int, epoch: int, indices: list[torch.Tensor]) -> None:
-        """Record the samples of one committed step."""
+    def append(self, step: int, epoch: int, indices: list[torch.Tensor], skipped: bool = False) -> None:
+        """Record the samples of one committed step; `skipped` marks a step whose update was
+        dropped (its samples were read, never learned from)."""
         if self.path:
+            entry = {"step": step, "epoch": epoch, "indices": torch.cat(indices).tolist()}
             with self.path.open("a") as f:
-                f.write(json.dumps({"step": step, "epoch": epoch,
-                                    "indices": torch.cat(indices).tolist()}) + "\n")
+                f.write(json.dumps({**entry, "skipped": True} if skipped else entry) + "\n")
 
     def truncate(self, step: int) -> None:
         """Drop the entries after `step` (steps that will be trained again), for every rank.

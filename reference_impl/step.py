@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -24,6 +24,10 @@ from reference_impl.metrics import PhaseTimer
 from reference_impl.model import loss_fn
 from reference_impl.parallel import gradient_sync
 from reference_impl.pipeline import Pipeline, pipeline_step
+
+# Whether a step's update may be applied, given its loss and (when the whole model is on this
+# rank's side) its micro-batches; see `reference_impl.nonfinite.NonFiniteGuard.approve`.
+Approve = Callable[[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None], bool]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -72,25 +76,35 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> Lambd
 # --8<-- [start:train_step]
 def train_step(model: nn.Module, batches: Iterator[Batch], optimizer: torch.optim.Optimizer,
                scheduler: LambdaLR, scaler: torch.amp.GradScaler | None, cfg: TrainConfig,
-               device: torch.device, timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
+               device: torch.device, timer: PhaseTimer,
+               approve: Approve | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Run `grad_accum_steps` micro-batches and one optimizer step.
 
     Returns the mean loss as a device tensor (reading it would sync the device, so the
     caller does that only at log steps) and the dataset indices that were trained.
+    `approve(loss, inputs)`, if given, sees the loss and the micro-batches after the
+    backward; when it says no, the update is dropped: no optimizer or schedule step, and
+    the gradients are cleared.
     """
-    loss, indices = accumulate_gradients(model, batches, scaler, cfg, device, timer)
-    optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = [] if approve else None
+    loss, indices = accumulate_gradients(model, batches, scaler, cfg, device, timer, inputs)
+    if approve is None or approved(approve, loss, inputs, timer):
+        optimizer_step(model, optimizer, scheduler, scaler, cfg, timer)
+    else:
+        optimizer.zero_grad(set_to_none=True)
     return loss, indices
 
 
 def accumulate_gradients(model: nn.Module, batches: Iterator[Batch], scaler: torch.amp.GradScaler | None,
-                         cfg: TrainConfig, device: torch.device,
-                         timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                         cfg: TrainConfig, device: torch.device, timer: PhaseTimer,
+                         inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Forward and backward `grad_accum_steps` micro-batches into the gradients; no step.
 
     Returns the mean loss and the dataset indices, as `train_step` does. Without
     accumulation the loss is returned as computed: dividing by 1 and adding to zero
-    would be two device ops per step that change no bit.
+    would be two device ops per step that change no bit. `inputs`, if given, receives
+    each micro-batch as it ran (for a replay that looks for the first non-finite module).
     """
     accum = cfg.grad_accum_steps
     criterion = compiled_loss(loss_fn) if cfg.compile else loss_fn
@@ -112,8 +126,18 @@ def accumulate_gradients(model: nn.Module, batches: Iterator[Batch], scaler: tor
                 (scaler.scale(loss) if scaler else loss).backward()
         losses.append(loss.detach())
         indices.append(idx)
+        if inputs is not None:
+            inputs.append((x, y))
     return functools.reduce(torch.add, losses), indices
 # --8<-- [end:train_step]
+
+
+def approved(approve: Approve, loss: torch.Tensor, inputs: list[tuple[torch.Tensor, torch.Tensor]] | None,
+             timer: PhaseTimer) -> bool:
+    """`approve(loss, inputs)`, timed as the `finite_check` phase: it waits for every rank
+    (a collective and a host read), so a straggler detector leaves it out of a rank's own time."""
+    with timer.phase("finite_check", host=True):
+        return approve(loss, inputs)
 
 
 def autocast(device: torch.device, cfg: TrainConfig) -> AbstractContextManager[object]:
@@ -180,13 +204,15 @@ def clip_gradients(parameters: list[nn.Parameter], max_norm: float,
 # --8<-- [start:pipeline_train_step]
 def pipeline_train_step(pipeline: Pipeline, model: nn.Module, batches: Iterator[Batch],
                         optimizer: torch.optim.Optimizer, scheduler: LambdaLR, cfg: TrainConfig,
-                        device: torch.device, timer: PhaseTimer) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                        device: torch.device, timer: PhaseTimer,
+                        approve: Approve | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`train_step` for one pipeline stage: the schedule runs forward and backward of every
     pipeline micro-batch, then each stage steps its own parameters.
 
     Every stage reads the same micro-batches (the first needs the tokens, the last the
     targets). The returned loss is the mean over the step on every stage: the last stage
-    computed it and sends it to the others.
+    computed it and sends it to the others. `approve` sees no micro-batches: a stage
+    cannot replay the whole model's forward.
     """
     total_loss = torch.zeros((), device=device)
     indices = []
@@ -201,6 +227,9 @@ def pipeline_train_step(pipeline: Pipeline, model: nn.Module, batches: Iterator[
             total_loss += loss.detach()
         indices.append(idx)
     dist.broadcast(total_loss, group=pipeline.group, group_src=pipeline.degree - 1)
-    optimizer_step(model, optimizer, scheduler, None, cfg, timer, pipeline.group)
+    if approve is None or approved(approve, total_loss, None, timer):
+        optimizer_step(model, optimizer, scheduler, None, cfg, timer, pipeline.group)
+    else:
+        optimizer.zero_grad(set_to_none=True)
     return total_loss, indices
 # --8<-- [end:pipeline_train_step]

@@ -7,6 +7,7 @@ Run it alone on one process, or under torchrun for one process per device:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -41,11 +42,13 @@ from reference_impl.faults import FaultInjector, Watchdog
 from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model, spec_of
+from reference_impl.nonfinite import NonFiniteGuard, NonFiniteLoss
 from reference_impl.parallel import dims_of, parallelize
 from reference_impl.pipeline import build_pipeline
 from reference_impl.sample_log import SampleLog, sample_log_files
 from reference_impl.state import TrainState, state_digest
 from reference_impl.step import build_optimizer, build_scaler, build_scheduler, pipeline_train_step, train_step
+from reference_impl.stragglers import StragglerMonitor
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:
@@ -81,25 +84,6 @@ def build_state(cfg: TrainConfig, ctx: DistContext, replicas: int = 1, replica: 
                       build_scaler(cfg, ctx.device), sampler, loader, mesh, pipeline)
 
 
-class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or inf outside fp16 (where the GradScaler handles it)."""
-
-
-def check_finite(loss_sum: torch.Tensor, ctx: DistContext, step: int) -> None:
-    """Raise on every rank if any rank saw a non-finite loss since the run (re)started.
-
-    `loss_sum` is the running sum of this rank's step losses: one add per step, and
-    non-finite once any term is (NaN and inf stay; finite losses would have to add up
-    past 3e38 to overflow it). Under fp16 the GradScaler skips steps whose gradients
-    overflow, so the caller does not check there. Elsewhere a NaN would poison the
-    weights: halt before they are written into a checkpoint.
-    """
-    flag = (~loss_sum.isfinite()).float()
-    if ctx.distributed:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item():
-        raise NonFiniteLoss(f"non-finite loss at or before step {step}; no checkpoint was written "
-                            "for it (lower the learning rate, or check the data)")
 
 
 def step_batches(state: TrainState, cfg: TrainConfig) -> Iterator[Iterator[Batch]]:
@@ -146,26 +130,36 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                  backend=ctx.backend or "none", restart_count=ctx.restart_count)
     with timer.phase("restore", host=True):
         samples.truncate((ckpt.restore(state, cfg, ctx) if ckpt else None) or 0)
-    loss_sum = torch.zeros((), device=ctx.device)  # on the device: adding to it costs no sync
+    # fp16: the GradScaler skips the steps whose gradients overflow, so it needs no guard.
+    guard = NonFiniteGuard(state.model, cfg, ctx, log) if cfg.precision != "fp16" else None
+    stragglers, rolled_back = StragglerMonitor(cfg, ctx, log, timer), set[int]()
     state.model.train()
     try:
         with (Watchdog(cfg.step_timeout_s, timer, log) as watchdog,
               Preemption(cfg.preempt_grace_s, ctx, log) as stop):
-            for batches in step_batches(state, cfg):
-                if state.step >= cfg.max_steps:  # a restore at or past the end trains nothing
-                    break
-                faults.before_step(state.step + 1)
+            steps = step_batches(state, cfg)
+            while state.step < cfg.max_steps:  # a restore at or past the end trains nothing
+                batches, started = next(steps), stragglers.start_step()
+                faults.before_step(state.step + 1, state.model)
+                approve = functools.partial(guard.approve, step=state.step + 1) if guard else None
                 if state.pipeline:
                     loss, indices = pipeline_train_step(state.pipeline, state.model, batches, state.optimizer,
-                                                        state.scheduler, cfg, ctx.device, timer)
+                                                        state.scheduler, cfg, ctx.device, timer, approve)
                 else:
                     loss, indices = train_step(state.model, batches, state.optimizer, state.scheduler,
-                                               state.scaler, cfg, ctx.device, timer)
-                loss_sum.add_(loss)  # non-finite from the first non-finite loss on
+                                               state.scaler, cfg, ctx.device, timer, approve)
+                bad_ranks = guard.bad_ranks if guard else []  # non-empty: no rank applied the update
+                if bad_ranks and cfg.nonfinite_policy != "skip":
+                    roll_back(state, cfg, ctx, log, bad_ranks, ckpt, samples, saver, rolled_back)
+                    steps = step_batches(state, cfg)  # the data resumes where the checkpoint left it
+                    continue
                 state.sampler.commit(cfg.global_batch_size)  # trained, not merely prefetched
                 state.step += 1
+                stragglers.end_step(state.step, started)
                 meter.add(cfg.global_batch_size)
-                samples.append(state.step, state.sampler.epoch, indices)
+                samples.append(state.step, state.sampler.epoch, indices, skipped=bool(bad_ranks))
+                if bad_ranks:
+                    log.progress("step_skipped", step=state.step, ranks=bad_ranks)
                 if ckpt:
                     ckpt.record_progress(state.step, ctx)
                 if on_step:
@@ -174,8 +168,6 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                     log_step(state, cfg, ctx, log, loss, timer, meter)
                 state.preempted = stop.should_stop(state.step)  # every rank stops after the same step
                 if ckpt and (cfg.is_checkpoint_step(state.step) or state.preempted):
-                    if cfg.precision != "fp16":  # fp16: the scaler skips overflowing steps
-                        check_finite(loss_sum, ctx, state.step)
                     with timer.phase("checkpoint", host=True):
                         ckpt.save(state, cfg, ctx, faults, saver)
                 watchdog.beat()
@@ -193,18 +185,45 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
 # --8<-- [end:train_loop]
 
 
+# --8<-- [start:roll_back]
+def roll_back(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLog, bad_ranks: list[int],
+              ckpt: CheckpointManager | None, samples: SampleLog, saver: AsyncSaver | None,
+              rolled_back: set[int]) -> None:
+    """After a step whose update every rank dropped: stop, or restore the last checkpoint.
+
+    Raises:
+        NonFiniteLoss: The policy is `stop`; or there is no checkpoint to roll back to; or
+            this step went non-finite again after a rollback, so the fault repeats and
+            another rollback would loop forever.
+    """
+    step = state.step + 1
+    where = f"non-finite loss on rank {', '.join(map(str, bad_ranks))} at step {step}"
+    if cfg.nonfinite_policy == "stop":
+        raise NonFiniteLoss(f"{where}; halting before it is checkpointed")
+    if step in rolled_back:
+        raise NonFiniteLoss(f"{where} again after rolling back: the fault repeats")
+    if saver:
+        saver.wait()  # the newest checkpoint may still be on its way to the disk
+    restored = ckpt.restore(state, cfg, ctx) if ckpt else None
+    if restored is None:
+        raise NonFiniteLoss(f"{where} before any checkpoint to roll back to")
+    rolled_back.add(step)
+    samples.truncate(restored)  # the log keeps describing the history the weights went through
+    log.progress("rollback", step=step, restored_step=restored)
+# --8<-- [end:roll_back]
+
+
 def log_step(state: TrainState, cfg: TrainConfig, ctx: DistContext, log: EventLog,
              loss: torch.Tensor, timer: PhaseTimer, meter: Throughput) -> None:
-    """Emit a progress event: the only place a normal step waits for the device."""
+    """Emit a progress event: the step's loss is `null` when the step was skipped as non-finite."""
     if ctx.distributed:
         dist.all_reduce(loss, op=dist.ReduceOp.AVG)  # report the global mean, not rank 0's
     value = loss.item()
-    if not math.isfinite(value) and cfg.precision != "fp16":
-        raise NonFiniteLoss(f"loss is {value} at step {state.step}; halting before it is checkpointed")
+    shown = value if math.isfinite(value) else None  # fp16 overflow, or a skipped step
     # Mixture of experts: the last micro-batch's load-balancing loss (part of `loss`) and the
     # (token, expert) assignments this rank dropped over capacity since the last log.
     moe = take_stats(state.model) if cfg.n_experts else {}
-    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=value, **moe,
+    log.progress("step", step=state.step, epoch=state.sampler.epoch, loss=shown, **moe,
                  lr=state.scheduler.get_last_lr()[0], samples_per_s=round(meter.rate(), 1),
                  phase_s={k: round(v, 6) for k, v in timer.flush().items()})
 

@@ -15,9 +15,11 @@ def losses(run: Run) -> list[float]:
 
 
 def rank_log(log: Path, rank: int) -> dict[int, list[int]]:
-    """One rank's trained indices, by committed step."""
+    """One rank's trained indices, by committed step (a step whose update was skipped
+    trained nothing, so it is left out)."""
     return {entry["step"]: entry["indices"]
-            for entry in map(json.loads, (log / f"rank{rank}.jsonl").read_text().splitlines())}
+            for entry in map(json.loads, (log / f"rank{rank}.jsonl").read_text().splitlines())
+            if not entry.get("skipped")}
 
 
 def trained_by_step(log: Path, ranks: list[int] | None = None) -> dict[int, list[int]]:

@@ -127,6 +127,18 @@ BAD_FLAGS = [
     (["--fail-at-step", "500", "--max-steps", "100"], "fail_at_step must be in"),
     (["--dropout", "1.0"], "dropout must be in"),
     (["--num-workers", "-1"], "num_workers must be >= 0"),
+    (["--fail-slow-s", "0"], "fail_slow_s must be a positive finite number"),
+    (["--fail-slow-s", "inf"], "fail_slow_s must be a positive finite number"),
+    (["--fail-slow-s", "4000"], "fail_slow_s must be at most 3600"),
+    (["--straggler-threshold", "1"], "straggler_threshold must be above 1"),
+    (["--straggler-threshold", "nan"], "straggler_threshold must be a positive finite number"),
+    (["--straggler-window", "0"], "straggler_window must be >= 1"),
+    (["--straggler-patience", "0"], "straggler_patience must be >= 1"),
+    (["--fail-mode", "slowly"], "invalid choice: 'slowly'"),
+    (["--nonfinite-policy", "ignore"], "invalid choice: 'ignore'"),
+    (["--nonfinite-policy", "rollback"], "nonfinite_policy rollback needs checkpoint_dir"),
+    (["--nonfinite-policy", "skip", "--precision", "fp16"], "need --precision fp32 or bf16"),
+    (["--fail-mode", "nan", "--fail-at-step", "3", "--precision", "fp16"], "need --precision fp32 or bf16"),
     (["--no-such-flag"], "unrecognized arguments"),
 ]
 
@@ -142,7 +154,8 @@ def test_fail_rank_is_checked_against_the_world_size() -> None:
         TrainConfig.from_cli(["--fail-rank", "2"], {"WORLD_SIZE": "2"})
 
 
-@pytest.mark.parametrize("flags,message", [BAD_FLAGS[0], BAD_FLAGS[1], BAD_FLAGS[2], BAD_FLAGS[-1]])
+@pytest.mark.parametrize("flags,message", [BAD_FLAGS[0], BAD_FLAGS[1], BAD_FLAGS[2], BAD_FLAGS[-1],
+                                           BAD_FLAGS[-5], BAD_FLAGS[-12]])
 def test_cli_exits_2_with_one_line_before_any_process_group(flags: list[str], message: str) -> None:
     run = python_module(flags, timeout=60)
     assert run.returncode == 2
@@ -180,6 +193,8 @@ PP_ERRORS = [
     ([*PP, "--pp-microbatches", "3", "--micro-batch-size", "8"], "2",
      "pp_microbatches (3) must divide micro_batch_size (8)"),
     ([*PP, "--precision", "fp16"], "2", "needs --precision fp32 or bf16"),
+    ([*PP, "--nonfinite-policy", "skip"], "2", "need pp_degree 1"),
+    ([*PP, "--fail-mode", "nan", "--fail-at-step", "2"], "2", "need pp_degree 1"),
     ([*PP, "--tp-degree", "2", "--strategy", "fsdp"], "4", "pp_degree and tp_degree cannot both be above 1"),
     (["--pp-microbatches", "4"], "1", "pp_microbatches needs --pp-degree above 1"),
     (PP, "4", "pipeline stages with more than one data-parallel rank need --strategy fsdp"),

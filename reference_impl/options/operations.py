@@ -88,7 +88,8 @@ class CheckpointOptions(Options):
 
 @dataclass(frozen=True)
 class FaultOptions(Options):
-    """The watchdog, preemption, and the faults a test injects."""
+    """The watchdog, preemption, the faults a test injects, and how stragglers and non-finite
+    losses are caught."""
 
     step_timeout_s: float = 0.0
     """Watchdog: fail the job if no step completes for this long; 0 disables it."""
@@ -97,16 +98,36 @@ class FaultOptions(Options):
     fail_rank: int = 0
     """Fault injection: the rank that fails."""
     fail_mode: Literal["sigkill", "sigterm", "hang", "crash-mid-write", "crash-before-publish",
-                       "write-error"] = "sigkill"
-    """Fault injection: SIGKILL or SIGTERM before the step, hang before it, or fail while saving that step."""
+                       "write-error", "slow", "nan"] = "sigkill"
+    """Fault injection: SIGKILL or SIGTERM before the step, hang before it, fail while saving that
+    step, sleep before it and every later step (slow), or turn an activation non-finite in it (nan)."""
+    fail_slow_s: float = 0.2
+    """Fault injection, fail_mode slow: seconds the failing rank sleeps before each step from
+    fail_at_step on."""
+    straggler_threshold: float = 2.0
+    """A rank is slow in a window when the median of its step times (outside the gradient sync)
+    is at least this many times the median of the other ranks'."""
+    straggler_window: int = 5
+    """Steps per straggler check: each check is one all_gather of every rank's step times."""
+    straggler_patience: int = 3
+    """Consecutive slow windows before a rank is reported as a straggler (once per run)."""
+    nonfinite_policy: Literal["stop", "skip", "rollback"] = "stop"
+    """What a non-finite loss on any rank does: stop the run (exit 1, nothing poisoned is
+    saved), skip the step's update on every rank, or roll back to the last checkpoint."""
     preempt_grace_s: float = 25.0
     """On SIGTERM, save a checkpoint at the next step boundary and exit with status 75; if
     that takes longer than this many seconds, exit with status 1 (the last published
     checkpoint stands). Keep it below the scheduler's kill delay (torchrun: 30 s)."""
 
     def validate(self) -> None:
-        """A known fault, a rank index, and usable timeouts."""
+        """A known fault and policy, a rank index, usable timeouts and straggler bounds."""
         check_choices(self, FaultOptions)
         at_least(self, 0, "fail_rank")
+        at_least(self, 1, "straggler_window", "straggler_patience")
+        positive_finite(self, "fail_slow_s", most=3600.0)
+        positive_finite(self, "straggler_threshold")
+        if self.straggler_threshold <= 1:
+            fail(f"straggler_threshold must be above 1 (got {self.straggler_threshold}): "
+                 "a rank is slow when it takes longer than the others")
         positive_finite(self, "preempt_grace_s", most=threading.TIMEOUT_MAX)
         finite_non_negative(self, "step_timeout_s", most=threading.TIMEOUT_MAX)
