@@ -73,6 +73,11 @@ FIRST_HITS = {
     "arithmetic intensity": "foundations/hardware/",
     "pipeline bubble": "foundations/tensor-pipeline/",
     "ZeRO": "foundations/data-parallel/",
+    "Ulysses": "foundations/context-parallel/",
+    "interleaved 1F1B": "foundations/tensor-pipeline/",
+    "straggler": "reliability/failure-model/",
+    "torchft": "reliability/survivors/",
+    "goodput": "reliability/checkpointing/",
 }
 
 
