@@ -139,10 +139,11 @@ def test_the_watchdog_reports_a_stalled_step_on_every_rank(rank0_watchdog: str, 
     can delay rank 0's: then rank 1's watchdog ends rank 1 first, its sockets close, and rank
     0's all-reduce fails at once with gloo's "closed by peer", which is rank 0's report of the
     same stall (at load 3-9 the old assertion, StepTimeout on both ranks, failed this way).
-    The "60" case makes that order certain: rank 0's watchdog waits 60 s."""
-    run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
-                    "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=120,
-                   module="tests/per_rank_flags.py", env={"RANK0_FLAGS": f"--step-timeout-s {rank0_watchdog}"})
+    The "60" case makes that order certain: rank 0's watchdog waits 60 s. The ranks are forked
+    (torchrun's agent stops them the same way: SIGTERM to the survivors of a failed rank)."""
+    run = forked_ranks([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
+                        "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=120,
+                       module="tests/per_rank_flags.py", env={"RANK0_FLAGS": f"--step-timeout-s {rank0_watchdog}"})
     assert run.returncode != 0
     first: dict[int, dict] = {}
     for error in run.of("error"):
