@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(420)]
 
 HEADING = re.compile(r'<h(?P<level>[234]) id="(?P<id>[^"]+)"[^>]*>(?P<title>.*?)</h(?P=level)>', re.S)
 FOOTER_HEIGHT_PT = 40  # the bottom margin (14 mm) that holds the footer
+ALL_IN_ONE_PAGES_WITHOUT_PRINT_STYLES = 157
 
 
 @dataclass
@@ -138,6 +139,15 @@ def test_every_page_and_section_has_a_bookmark_at_its_heading(printed: Printed, 
     misplaced = [f"{m.title!r} -> page {m.page + 1}" for m in marks[1:]
                  if _flat(m.title) not in _flat(printed.texts[m.page])]
     assert not misplaced, "bookmarks whose target page does not show their heading:\n" + "\n".join(misplaced)
+
+
+def test_the_handbook_pdf_holds_the_whole_all_in_one_page(printed: Printed,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The print stylesheet keeps the all-in-one page well under the 157 A4 pages it took without it."""
+    pages = handbook_pdf.page_count(printed.path.read_bytes())
+    with capsys.disabled():
+        print(f"\nall-in-one: {pages} A4 pages (was {ALL_IN_ONE_PAGES_WITHOUT_PRINT_STYLES})")
+    assert 50 < pages < ALL_IN_ONE_PAGES_WITHOUT_PRINT_STYLES
 
 
 def test_the_toc_opens_the_pdf_and_numbers_every_page(printed: Printed) -> None:

@@ -1,10 +1,12 @@
-"""`--compile` under DDP and FSDP2 on two gloo ranks (real torchrun): the losses of the
-eager runs, the same communication at the same points of the step, the wrappers' hooks
-outside the compiled code, and checkpoints that move from compiled to eager.
+"""`--compile` under DDP and FSDP2 on two gloo ranks: the losses of the eager runs, the
+same communication at the same points of the step, the wrappers' hooks outside the compiled
+code, and checkpoints that move from compiled to eager.
 
-One torchrun job (`compile_worker.py`) trains eager and compiled DDP, eager and compiled
-FSDP2, and an eager FSDP2 run restored from the compiled run's checkpoint, on the same two
-ranks: one launch and one `import torch` for all of it, a compilation per compiled run.
+One job (`compile_worker.py`) trains eager and compiled DDP, eager and compiled FSDP2, and an
+eager FSDP2 run restored from the compiled run's checkpoint, on the same two ranks: one launch
+for all of it, a compilation per compiled run. The ranks are forked with torchrun's environment
+(`launch.forked_ranks`, held equal to torchrun by tests/distributed/test_forked_ranks.py), so
+neither an agent nor the ranks import torch again.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ REL = 1e-5  # as tests/test_compile.py: inductor fuses and reorders float math
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """Both ranks' results of one compile_worker.py job."""
     out = tmp_path_factory.mktemp("compile_parallel")
-    run = launch.torchrun([str(out)], nproc=2, timeout=240, module=WORKER,
-                          env={"PYTHONPATH": f"{launch.REPO}:{launch.REPO / 'tests'}"})  # this checkout's package
+    run = launch.forked_ranks([str(out)], nproc=2, timeout=240, module=WORKER)
     assert run.returncode == 0, run.stderr[-5000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 

@@ -4,7 +4,9 @@ Each leg restores the previous leg's checkpoint at a new world size (DCP reshard
 parameters and Adam state; the sampler re-splits the same global batches), trains four
 steps and checkpoints. The sample log must show every sample of the epoch trained exactly
 once, in the epoch's order, across all five legs; the losses must follow an uninterrupted
-4-rank run to a stated tolerance.
+4-rank run to a stated tolerance. The first leg is that run's own start: the chain begins
+from a copy of its step-4 checkpoint and sample log, as a job that shrinks after its first
+four steps would.
 
 Bit-exactness cannot hold across a change of world size: each rank sums its own samples'
 gradients before the reduce-scatter adds the ranks' sums, so 4 ranks add 6 samples at a
@@ -16,6 +18,7 @@ loss, not on the bits.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -35,10 +38,10 @@ BASE = ["--strategy", "fsdp", "--model", "transformer", "--dataset-size", str(DA
 LOSS_RTOL = 1e-4
 
 
-def leg(ckpt: Path, log: Path, ranks: int, start: int, steps: int) -> list[float]:
+def leg(ckpt: Path, log: Path, ranks: int, start: int, steps: int, *flags: str) -> list[float]:
     """Train from `start` (restored from `ckpt`, or from scratch at 0) to `steps` on `ranks` ranks."""
     run = train_ok([*BASE, "--micro-batch-size", str(GLOBAL_BATCH // ranks), "--max-steps", str(steps),
-                    "--sample-log", str(log)], ckpt, nproc=ranks)
+                    "--sample-log", str(log), *flags], ckpt, nproc=ranks)
     assert [e["step"] for e in run.of("checkpoint_restored")] == ([start] if start else [])
     return losses(run)
 
@@ -46,13 +49,19 @@ def leg(ckpt: Path, log: Path, ranks: int, start: int, steps: int) -> list[float
 def test_a_chain_of_world_sizes_trains_every_sample_once_and_follows_the_uninterrupted_loss(tmp_path: Path) -> None:
     total = STEPS_PER_LEG * len(CHAIN)
     assert total * GLOBAL_BATCH <= DATASET, "the chain stays inside one epoch"
-    reference = leg(tmp_path / "reference", tmp_path / "reference-samples", CHAIN[0], 0, total)
-    chained: list[float] = []
-    for i, ranks in enumerate(CHAIN):
+    # Retention keeps every checkpoint of the reference (one per leg), the first leg's among them.
+    reference = leg(tmp_path / "reference", tmp_path / "reference-samples", CHAIN[0], 0, total,
+                    "--keep-last", str(len(CHAIN)))
+    first = f"step-{STEPS_PER_LEG:08d}"
+    (tmp_path / "chain").mkdir()
+    shutil.copytree(tmp_path / "reference" / first, tmp_path / "chain" / first)  # a symlinked step is refused
+    # The whole log: the next leg's restore cuts every rank's file back to the restored step.
+    shutil.copytree(tmp_path / "reference-samples", tmp_path / "chain-samples")
+    chained = reference[:STEPS_PER_LEG]
+    for i, ranks in enumerate(CHAIN[1:], start=1):
         chained += leg(tmp_path / "chain", tmp_path / "chain-samples", ranks, i * STEPS_PER_LEG,
                        (i + 1) * STEPS_PER_LEG)
     assert len(chained) == len(reference) == total
-    assert chained[:STEPS_PER_LEG] == reference[:STEPS_PER_LEG], "the first leg is the reference's own start"
     worst = max(abs(a - b) / abs(b) for a, b in zip(chained, reference, strict=True))
     assert worst <= LOSS_RTOL, f"losses differ by up to {worst:.2e} relative"
     by_step = trained_by_step(tmp_path / "chain-samples")

@@ -121,12 +121,14 @@ def test_a_crash_during_a_save_never_leaves_a_checkpoint_restore_picks(
 
 @pytest.mark.slow
 def test_a_rank_blocked_in_a_collective_fails_the_job_within_the_timeout(tmp_path) -> None:
-    # The hung rank gets torchrun's SIGTERM once rank 0 fails, and would spend the default
-    # 25 s preemption grace trying to reach a step boundary: 2 s is enough to show it.
-    run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
-                    "--pg-timeout-s", "5", "--preempt-grace-s", "2", "--checkpoint-dir", str(tmp_path)], timeout=90)
+    # The hung rank gets SIGTERM once rank 0 fails (from forked_ranks as from torchrun's agent),
+    # and would spend the default 25 s preemption grace trying to reach a step boundary: 2 s
+    # is enough to show it.
+    run = forked_ranks([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
+                        "--pg-timeout-s", "5", "--preempt-grace-s", "2", "--checkpoint-dir", str(tmp_path)],
+                       timeout=90)
     assert run.returncode != 0
-    errors = run.of("error")
+    errors = sorted(run.of("error"), key=lambda e: e["time"])  # forked ranks' output comes rank by rank
     assert errors and errors[0]["rank"] == 0 and errors[0]["phase"] == "backward"
     assert "Timed out" in errors[0]["message"] and errors[0]["step"] == 4
 
@@ -139,10 +141,11 @@ def test_the_watchdog_reports_a_stalled_step_on_every_rank(rank0_watchdog: str, 
     can delay rank 0's: then rank 1's watchdog ends rank 1 first, its sockets close, and rank
     0's all-reduce fails at once with gloo's "closed by peer", which is rank 0's report of the
     same stall (at load 3-9 the old assertion, StepTimeout on both ranks, failed this way).
-    The "60" case makes that order certain: rank 0's watchdog waits 60 s."""
-    run = torchrun([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
-                    "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=120,
-                   module="tests/per_rank_flags.py", env={"RANK0_FLAGS": f"--step-timeout-s {rank0_watchdog}"})
+    The "60" case makes that order certain: rank 0's watchdog waits 60 s. The ranks are forked
+    (torchrun's agent stops them the same way: SIGTERM to the survivors of a failed rank)."""
+    run = forked_ranks([*BASE, "--fail-mode", "hang", "--fail-at-step", "5", "--fail-rank", "1",
+                        "--step-timeout-s", "3", "--checkpoint-dir", str(tmp_path)], timeout=120,
+                       module="tests/per_rank_flags.py", env={"RANK0_FLAGS": f"--step-timeout-s {rank0_watchdog}"})
     assert run.returncode != 0
     first: dict[int, dict] = {}
     for error in run.of("error"):
