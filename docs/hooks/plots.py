@@ -18,6 +18,7 @@ import html
 import json
 import posixpath
 import re
+import statistics
 import textwrap
 from collections.abc import Callable
 from io import StringIO
@@ -28,6 +29,7 @@ import matplotlib
 from cycler import cycler
 
 matplotlib.use("Agg")
+from matplotlib import ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -35,6 +37,8 @@ METADATA = ("device", "torch", "date", "commit", "command")
 # Data files that `hooks/tables.py` shows as tables, not plots.
 TABLE_DATA = ("memory_grid", "memory_grid_reduced", "gpu", "gpu_small", "gpu_fp8", "gpu_profile", "accessibility_known",
               "goodput")
+# Plots whose data a script writes (it runs longer than `python -m reference_impl.measure` should).
+SCRIPTED = {"goodput_sweep": "python scripts/goodput_sweep.py"}
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
 INK = "#404040"  # text and axes
 GREY = "#6b6b6b"  # a grey series, 5.3:1
@@ -168,6 +172,62 @@ def _pipeline(fig: Figure, d: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
+def _up_kept(run: dict[str, Any], kind: str) -> float:
+    """The share of the time spent computing or saving that ended as kept steps."""
+    return run[f"{kind}_goodput"] / (1 - run[f"{kind}_restart_fraction"])
+
+
+def _goodput_sweep(fig: Figure, d: dict[str, Any]) -> None:
+    """Left: against the job's failure rate at one checkpoint interval; right: against the
+    interval at one rate. Restarts are left out (their share is R/(M+R) at any interval, and R
+    followed the machine's load). Dots: measured; rings: `calc.goodput` fed that run's own
+    costs; line: the model at the sweep's median save cost and interval."""
+    from reference_impl import calc
+
+    runs = [r["result"] for r in d["runs"]]
+    every = statistics.median([r["checkpoint_every"] for r in runs])  # the interval the rate sweep holds
+    by_rate = [r for r in runs if r["checkpoint_every"] == every]
+    rate_mtbf = statistics.median([r["target_mtbf_s"] for r in runs if r["checkpoint_every"] != every])
+    by_interval = [r for r in runs if r["target_mtbf_s"] == rate_mtbf]
+    save = statistics.median([r["save_s"] for r in runs])
+    tau = statistics.median([r["interval_s"] for r in by_rate])
+
+    def model(mtbf_s: float, interval_s: float, restart_s: float = 0.0) -> float:
+        return calc.goodput(n_gpus=1, mtbf_gpu_hours=mtbf_s / 3600, save_s=save, restart_s=restart_s,
+                            interval_s=interval_s)["goodput"]
+
+    def span(values: list[float]) -> list[float]:
+        lo, hi = min(values) * 0.7, max(values) * 1.4
+        return [lo * (hi / lo) ** (i / 40) for i in range(41)]
+
+    narrow = fig.get_figwidth() < SIZES["wide"][0]
+    left, right = fig.subplots(2, 1) if narrow else fig.subplots(1, 2, sharey=True)
+    xs = span([60 / r["job_mtbf_s"] for r in by_rate])
+    left.plot(xs, [model(60 / x, tau) for x in xs], "-", color=GREY, lw=2,
+              label=f"model, restarts left out (save {save:.2f} s)")
+    # Rings first, filled with the card's white, so the measured marker sits on top of its ring.
+    for kind, colour, size, label in (("predicted", COLOURS[1], 10, None),
+                                      ("measured", COLOURS[2], 5, "measured, restarts included")):
+        left.plot([60 / r["job_mtbf_s"] for r in by_rate], [r[f"{kind}_goodput"] for r in by_rate], "s",
+                  color=colour, ms=size, mfc=colour if kind == "measured" else BACKGROUND, label=label)
+    left.set(xscale="log", xlabel=f"failures/min (∝ GPUs), save every {every} steps",
+             ylabel="kept share" if narrow else "share of wall time kept")
+    xs = span([r["interval_s"] for r in by_interval])
+    right.plot(xs, [model(rate_mtbf, x) for x in xs], "-", color=GREY, lw=2)
+    right.set(xscale="log", xlabel=f"seconds between saves, a failure every {rate_mtbf:g} s",
+              ylabel="kept share" if narrow else "")
+    for ax, points, x in ((left, by_rate, lambda r: 60 / r["job_mtbf_s"]),
+                          (right, by_interval, lambda r: r["interval_s"])):
+        ax.plot([x(r) for r in points], [_up_kept(r, "predicted") for r in points], "o", mfc=BACKGROUND, ms=10,
+                color=COLOURS[1], label="model fed that run's own costs" if ax is left else None)
+        ax.plot([x(r) for r in points], [_up_kept(r, "measured") for r in points], "o", color=COLOURS[0], ms=6,
+                label="measured, restarts left out" if ax is left else None)
+        ax.minorticks_off()
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylim(0, 1)
+    _legend_below(left, 1 if narrow else 2)
+
+
 Renderer = Callable[[Figure, dict[str, Any]], None]
 PLOTS: dict[str, tuple[Renderer, str, str]] = {
     "resume": (_resume, "Loss of a killed and resumed run over the uninterrupted run",
@@ -191,6 +251,14 @@ PLOTS: dict[str, tuple[Renderer, str, str]] = {
                   "float32 all-reduce on two gloo ranks against `reference_impl.calc.ring_allreduce`, "
                   "with its bandwidth and per-step latency fitted to the medians (least squares on the "
                   "relative error)."),
+    "goodput_sweep": (_goodput_sweep, "Goodput against failure rate and checkpoint interval",
+                      "Two ranks of the trainer under torchrun, a random rank SIGKILLed at random moments "
+                      "(some inside saves and restores) by `python -m reference_impl.bench goodput`, one run "
+                      "per point. A job of more GPUs fails more often (the rate is the GPU count times each "
+                      "GPU's), so the left panel is the GPU-count axis. Restarting took 5 to 22 s, following "
+                      "the machine's load, and its share R/(M+R) does not depend on the interval: the dots "
+                      "and the line leave it out, the squares keep it. Rings: the model fed each run's own "
+                      "save, restart, interval and failure rate."),
     "pipeline": (_pipeline, "Pipeline bubble against micro-batches",
                  "Each rank's idle share of a step on two ranks whose forward and backward sleep known "
                  "times, cut into two stages per rank under interleaved 1F1B (`python -m "

@@ -15,7 +15,7 @@ import pytest
 
 from test_site_in_chromium import Problems, browser, server  # noqa: F401 - fixtures
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(480)]  # the site build may fall inside it
 
 DESKTOP = {"width": 1280, "height": 800}
 TALLEST_PX = 20_000

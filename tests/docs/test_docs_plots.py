@@ -23,7 +23,7 @@ sys.path.insert(0, str(support.DOCS / "hooks"))
 import plots  # noqa: E402
 
 DATA = support.DOCS / "data"
-PAGES = {"reliability/checkpointing.md": ("resume", "async_checkpoint"), "reliability/performance.md": ("phases",),
+PAGES = {"reliability/checkpointing.md": ("resume", "async_checkpoint", "goodput_sweep"), "reliability/performance.md": ("phases",),
          "foundations/data-parallel.md": ("memory", "allreduce"), "foundations/tensor-pipeline.md": ("pipeline",)}
 IMG = re.compile(r'<img [^>]*src="(?P<src>[^"]*plots/(?P<name>\w+)\.svg)"')
 STYLE = re.compile(r'style="(?P<style>[^"]*)"')
@@ -36,7 +36,7 @@ def record(name: str) -> dict:
 def test_one_committed_data_file_per_plot_and_dataset() -> None:
     """Every data file is a plot's, except those the tables hook shows as tables."""
     plotted = sorted(p.stem for p in DATA.glob("*.json") if p.stem not in plots.TABLE_DATA)
-    assert plotted == sorted(DATASETS) == sorted(plots.PLOTS)
+    assert plotted == sorted([*DATASETS, *plots.SCRIPTED]) == sorted(plots.PLOTS)
     assert all((DATA / f"{name}.json").exists() for name in plots.TABLE_DATA)
 
 
@@ -49,6 +49,29 @@ def test_data_file_carries_its_metadata(name: str) -> None:
     assert re.fullmatch(r"[0-9a-f]{7,40}", rec["commit"])
     assert rec["command"] == f"{COMMAND} --only {name}"
     assert plots.load(DATA / f"{name}.json") == rec
+
+
+def test_goodput_sweep_loses_nothing_and_agrees_with_the_model() -> None:
+    """Every point of the sweep ended on the uninterrupted run's state and was hit by failures (a
+    random count: at least 3 each, 50 in all); its measured goodput is within 10% of calc.goodput's
+    prediction from its own costs; the sweep spans at least three failure rates at one interval and
+    three intervals at one rate."""
+    rec = record("goodput_sweep")
+    assert rec["command"] == plots.SCRIPTED["goodput_sweep"]
+    runs = [run["result"] for run in rec["data"]["runs"]]
+    for run in rec["data"]["runs"]:
+        r = run["result"]
+        assert run["command"].startswith("python -m reference_impl.bench goodput ")
+        assert r["digest_equal"] and r["state_digest"] == r["reference_digest"]
+        assert r["failures"] >= 3
+        assert r["measured_goodput"] == pytest.approx(r["predicted_goodput"], rel=0.1)
+        assert r["predicted_goodput"] == pytest.approx(calc.goodput(
+            n_gpus=1, mtbf_gpu_hours=r["job_mtbf_s"] / 3600, save_s=r["save_s"], restart_s=r["restart_s"],
+            interval_s=r["interval_s"])["goodput"], abs=1e-3)
+    assert sum(r["failures"] for r in runs) >= 50
+    rates = {r["target_mtbf_s"] for r in runs if r["checkpoint_every"] == 20}
+    intervals = {r["checkpoint_every"] for r in runs if r["target_mtbf_s"] == 8}
+    assert len(rates) >= 3 and len(intervals) >= 3
 
 
 def test_resumed_run_repeats_the_uninterrupted_losses() -> None:
