@@ -90,12 +90,14 @@ class TrainConfig(FaultOptions, CheckpointOptions, RuntimeOptions, OptimizerOpti
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in OPERATIONAL_FIELDS}
         return {**values, "global_batch_size": self.global_batch_size}
 
-    def digest(self) -> str:
-        """sha256 of the canonical JSON of every field (`LATER_FIELDS` only away from their
-        default): equal in every process and run."""
+    def digest_fields(self) -> dict[str, Any]:
+        """The fields the digest covers: every field, `LATER_FIELDS` only away from their default."""
         defaults = {f.name: f.default for f in fields(self)}
-        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in LATER_FIELDS or v != defaults[k]}
-        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in LATER_FIELDS or v != defaults[k]}
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of `digest_fields`: equal in every process and run."""
+        canonical = json.dumps(self.digest_fields(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     def validate(self) -> None:

@@ -678,6 +678,7 @@ def rank0_rng_worker(rank: int, world_size: int, port: int, out_dir: str) -> Non
         log = EventLog(rank, stream=io.StringIO())
         state = build_state(cfg, ctx)
         state.step = 1
+        state.sampler.commit(cfg.global_batch_size)  # as one trained step leaves it: a restore checks
         torch.manual_seed(100 + rank)
         expected = torch.get_rng_state()
         ckpt = CheckpointManager(Path(out_dir) / "ours", log)

@@ -89,7 +89,7 @@ def test_hash_seed_salts_str_and_bytes_not_numbers() -> None:
 def test_the_pasted_fixed_digest_is_the_configs_digest() -> None:
     """The Pitfalls block's `fixed_digest` is `TrainConfig.digest`, written for a fresh interpreter."""
     cfg = TrainConfig(lr=0.01, seed=3)
-    assert naive.fixed_digest(dataclasses.asdict(cfg)) == cfg.digest()
+    assert naive.fixed_digest(cfg.digest_fields()) == cfg.digest()
 
 
 # 2 ------------------------------------------------------------------------------------
@@ -216,6 +216,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
     cfg = TrainConfig(hidden_dim=2048, dataset_size=256, checkpoint_dir=str(ours))
     state = build_state(cfg, DistContext())
     state.step = 1
+    state.sampler.commit(cfg.global_batch_size)  # as a trained step leaves it: a restore checks
     manager(ours).save(state, cfg, DistContext())
     crash = _own_process(f"""
         import io, resource
@@ -228,6 +229,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
         cfg = TrainConfig(hidden_dim=2048, dataset_size=256, checkpoint_dir={str(ours)!r})
         state = build_state(cfg, DistContext())
         state.step = 2
+        state.sampler.commit(2 * cfg.global_batch_size)
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
         CheckpointManager(Path(cfg.checkpoint_dir), EventLog(0, io.StringIO())).save(state, cfg, DistContext())
     """, tmp_path / "our_crash.py")

@@ -291,7 +291,7 @@ def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser,
     context, page = _new_page(browser)
     problems = Problems(page)
     try:
-        page.goto(server + "reliability/checkpointing/", wait_until="load")
+        page.goto(server + "reliability/failure-model/", wait_until="load")
         form = page.locator('.handbook-calc[data-calc="goodput"]')
         best = calc.goodput(n_gpus=16384, mtbf_gpu_hours=45567, save_s=30, restart_s=600)
         assert _shown(form, "goodput") == f"{100 * best['goodput']:.1f}%" == "87.2%"

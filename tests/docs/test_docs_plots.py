@@ -23,7 +23,7 @@ sys.path.insert(0, str(support.DOCS / "hooks"))
 import plots  # noqa: E402
 
 DATA = support.DOCS / "data"
-PAGES = {"reliability/checkpointing.md": ("resume", "async_checkpoint", "goodput_sweep"), "reliability/performance.md": ("phases",),
+PAGES = {"reliability/checkpointing.md": ("resume", "async_checkpoint"), "reliability/failure-model.md": ("goodput_sweep",), "reliability/performance.md": ("phases",),
          "foundations/data-parallel.md": ("memory", "allreduce"), "foundations/tensor-pipeline.md": ("pipeline",)}
 IMG = re.compile(r'<img [^>]*src="(?P<src>[^"]*plots/(?P<name>\w+)\.svg)"')
 STYLE = re.compile(r'style="(?P<style>[^"]*)"')

@@ -77,7 +77,7 @@ FIRST_HITS = {
     "interleaved 1F1B": "foundations/tensor-pipeline/",
     "straggler": "reliability/failure-model/",
     "torchft": "reliability/survivors/",
-    "goodput": "reliability/checkpointing/",
+    "goodput": "reliability/failure-model/",
 }
 
 
