@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import runpy
 import signal
@@ -191,6 +192,10 @@ def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dic
     (`*.py`), run as `__main__` with `args` as its `sys.argv[1:]`; `without_package` hides
     `reference_impl` from the ranks.
     """
+    # The first job of a test process starts the forkserver, which imports torch: on a loaded
+    # machine that can take a minute, which is no part of the job's own time.
+    _context()
+    multiprocessing.forkserver.ensure_running()
     started, deadline = time.perf_counter(), time.monotonic() + timeout
     outputs: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
