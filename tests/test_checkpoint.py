@@ -18,7 +18,7 @@ import torch
 
 import publish_worker
 from launch import Run, free_port, python_module, run_command, run_ranks
-from checkpoints import published, verify
+from checkpoints import RunsCode, published, verify
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.checkpoint.publish import write_file
 
@@ -142,19 +142,11 @@ def test_checkpoint_files_skip_the_zip_crc32_and_leave_the_setting_as_it_was(
         assert torch.equal(torch.load(tmp_path / f"{i}.pt", weights_only=True)["w"], payload["w"])
 
 
-class _RunsCode:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_malicious_pickle_is_refused_and_never_executed(three_checkpoints: Path) -> None:
     marker = three_checkpoints.parent / "code-ran"
     newest = three_checkpoints / "step-00000030"
     buffer = io.BytesIO()
-    torch.save({"step": 30, "payload": _RunsCode(str(marker))}, buffer, pickle_module=pickle)
+    torch.save({"step": 30, "payload": RunsCode(str(marker))}, buffer, pickle_module=pickle)
     (newest / "train.pt").write_bytes(buffer.getvalue())
     rewrite_manifest_entry(newest, "train.pt")
     run = train(three_checkpoints, "--max-steps", "40", "--allow-config-change", "max_steps")

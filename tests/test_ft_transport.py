@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import io
-import os
 import pickle
 import threading
 from collections.abc import Iterator
@@ -17,17 +16,10 @@ import torch
 from torch.distributed._serialization import _streaming_save
 from torchft.checkpointing.http_transport import HTTPTransport
 
+from checkpoints import RunsCode
 from reference_impl.ft.transport import WeightsOnlyHTTPTransport
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class _RunsCode:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple:
-        return (os.system, (f"touch {self.marker}",))
 
 
 @pytest.fixture
@@ -35,7 +27,7 @@ def serving(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """An HTTP address that answers with a state whose unpickling would create `marker`."""
     marker = tmp_path / "code-ran"
     buffer = io.BytesIO()
-    _streaming_save({"step": 3, "w": torch.ones(2), "payload": _RunsCode(str(marker))}, buffer,
+    _streaming_save({"step": 3, "w": torch.ones(2), "payload": RunsCode(str(marker))}, buffer,
                     pickle_module=pickle)
     body = buffer.getvalue()
 

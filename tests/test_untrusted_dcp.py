@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import pickle
 import shutil
 from collections.abc import Callable
@@ -22,6 +21,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+from checkpoints import RunsCode
 from launch import python_module, train_ok
 from reference_impl.checkpoint import CheckpointManager
 from reference_impl.checkpoint.dcp_safe import ConfinedReader, WeightsOnlyFullPlanner
@@ -34,16 +34,6 @@ FLAGS = ["--strategy", "fsdp", "--model", "transformer", "--max-steps", "4", "--
          "--keep-last", "3", "--warmup-steps", "1", "--micro-batch-size", "4", "--dataset-size", "64",
          "--log-every", "2"]
 STEP = "step-00000004"
-
-
-class RunsCode:
-    """Unpickling this runs `touch marker`: what a crafted checkpoint would do."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self) -> tuple:
-        return (os.system, (f"touch {self.marker}",))
 
 
 @pytest.fixture(scope="module")
