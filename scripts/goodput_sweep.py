@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
+from reference_impl.measure import describe_device
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from reference_impl.measure import describe_device  # noqa: E402
 
 COMMAND = "python scripts/goodput_sweep.py"
 # (job MTBF in seconds, steps between checkpoints): four failure rates at one interval,
@@ -37,8 +37,11 @@ def run_point(mtbf_s: float, every: int, failures: int, seed: int) -> dict[str, 
     """One `bench goodput` run; its command and its JSON line."""
     flags = ["--failures", str(failures), "--mtbf-s", f"{mtbf_s:g}", "--checkpoint-every", str(every),
              "--fault-seed", str(seed), "--timeout-s", "1500"]
-    done = subprocess.run([sys.executable, "-m", "reference_impl.bench", "goodput", *flags], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800, check=False)
+    try:
+        done = subprocess.run([sys.executable, "-m", "reference_impl.bench", "goodput", *flags], cwd=ROOT,
+                              capture_output=True, text=True, timeout=1800, check=False)
+    except subprocess.TimeoutExpired:
+        sys.exit(f"goodput_sweep: the run {' '.join(flags)} did not end within 1800 s")
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     try:
         result = json.loads(last)
@@ -57,6 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.failures < 1:
         parser.error("--failures must be at least 1")
+    if not args.out.parent.is_dir():
+        parser.error(f"--out: {args.out.parent} is not a directory")
     runs = [run_point(mtbf, every, args.failures, seed=11 + i) for i, (mtbf, every) in enumerate(POINTS)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=False).stdout.strip() or "unknown"
