@@ -32,6 +32,8 @@ matplotlib.use("Agg")
 from matplotlib import ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from reference_impl import calc  # noqa: E402
+
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 METADATA = ("device", "torch", "date", "commit", "command")
 # Data files that `hooks/tables.py` shows as tables, not plots.
@@ -182,8 +184,6 @@ def _goodput_sweep(fig: Figure, d: dict[str, Any]) -> None:
     interval at one rate. Restarts are left out (their share is R/(M+R) at any interval, and R
     followed the machine's load). Dots: measured; rings: `calc.goodput` fed that run's own
     costs; line: the model at the sweep's median save cost and interval."""
-    from reference_impl import calc
-
     runs = [r["result"] for r in d["runs"]]
     every = statistics.median([r["checkpoint_every"] for r in runs])  # the interval the rate sweep holds
     by_rate = [r for r in runs if r["checkpoint_every"] == every]
