@@ -372,10 +372,11 @@ def test_goodput_accounting_cuts_wall_time_four_ways() -> None:
 def test_goodput_bench_kills_ranks_and_loses_nothing() -> None:
     """A few SIGKILLs of random ranks (a restore hit half the time) under torchrun: the final state
     equals the uninterrupted run's, every failure is filed, and the shares of wall time add up.
-    Two failures are expected while the job computes, each followed by two restarts on average
+    Three failures are expected while the job computes (a Poisson count: with two expected, one
+    run in 7 sees none, as one CI run did; with three, one in 20), each followed by two restarts on average
     (half of them killed again in their restore); every restart starts fresh interpreters, so
     the number of kills, not of steps, sets what the test costs."""
-    run = launch.python_module(["goodput", "--failures", "2", "--mtbf-s", "2", "--restore-kills", "0.5",
+    run = launch.python_module(["goodput", "--failures", "3", "--mtbf-s", "2", "--restore-kills", "0.5",
                                 "--timeout-s", "400"], timeout=600, module="reference_impl.bench")
     result = last_json(run, "goodput")
     assert result["digest_equal"] is True and result["state_digest"] == result["reference_digest"]
