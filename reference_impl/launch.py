@@ -1,6 +1,6 @@
 """Run commands and torchrun jobs with a hard deadline, and read the JSON events they print.
 
-The benchmarks, `reference_impl.measure` and the test suite all launch jobs through this
+The benchmarks, `reference_impl.bench.measure` and the test suite all launch jobs through this
 module, so all of them stop a hung job the same way: the launcher, its process group and
 every descendant are killed (torchrun starts its workers in sessions of their own, so
 killing the launcher's group alone would leave them running).

@@ -27,8 +27,8 @@ from torch.utils.data import Dataset
 # --8<-- [end:imports]
 from reference_impl.config import TrainConfig
 from reference_impl.data import Sample, SyntheticClassification, SyntheticTokens
-from reference_impl.experts import TOP_K, ExpertsMLP
 from reference_impl.fp8 import swap_linears
+from reference_impl.parallel.experts import TOP_K, ExpertsMLP
 from reference_impl.spec import ModelSpec
 
 
@@ -120,7 +120,7 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 # --8<-- [start:tp_plan]
 def transformer_tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
-    """How tensor parallel splits each submodule of a `TinyTransformer` (`reference_impl.tensor_parallel`).
+    """How tensor parallel splits each submodule of a `TinyTransformer` (`reference_impl.parallel.tensor_parallel`).
 
     Between blocks the residual stream is split along the sequence (Shard(1)): the
     norms and dropout run on each rank's slice of tokens (sequence parallel). Entering

@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 
 # --8<-- [end:imports]
 from reference_impl.data import ResumableDistributedSampler, Sample
-from reference_impl.mesh import ParallelDims
+from reference_impl.parallel.mesh import ParallelDims
 
 if TYPE_CHECKING:
-    from reference_impl.pipeline import Pipeline
+    from reference_impl.parallel.pipeline import Pipeline
 
 # A part's key in train.pt, to its name in `--resume-skip` where the two differ.
 RESUME_NAMES = {"sampler": "data"}

@@ -19,14 +19,14 @@ from torch.optim.lr_scheduler import LambdaLR
 from reference_impl.compiled import compiled_loss
 from reference_impl.config import TrainConfig
 from reference_impl.data import Batch
-from reference_impl.experts import aux_loss
 from reference_impl.metrics import PhaseTimer
 from reference_impl.model import loss_fn
-from reference_impl.parallel import gradient_sync
-from reference_impl.pipeline import Pipeline, pipeline_step
+from reference_impl.parallel.experts import aux_loss
+from reference_impl.parallel.pipeline import Pipeline, pipeline_step
+from reference_impl.parallel.registry import gradient_sync
 
 # Whether a step's update may be applied, given its loss and (when the whole model is on this
-# rank's side) its micro-batches; see `reference_impl.nonfinite.NonFiniteGuard.approve`.
+# rank's side) its micro-batches; see `reference_impl.reliability.nonfinite.NonFiniteGuard.approve`.
 Approve = Callable[[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]] | None], bool]
 
 

@@ -25,7 +25,6 @@ from reference_impl.checkpoint import AsyncSaver, CheckpointError, CheckpointMan
 from reference_impl.checkpoint.files import make_dir
 from reference_impl.checkpoint.manifest import check_compatible
 from reference_impl.config import ConfigError, TrainConfig
-from reference_impl.context_parallel import SequenceShard
 from reference_impl.data import Batch, ResumableDistributedSampler, Sample
 from reference_impl.distributed import (
     DistContext,
@@ -37,18 +36,19 @@ from reference_impl.distributed import (
     pick_device,
     rendezvous_address,
 )
-from reference_impl.experts import take_stats
-from reference_impl.faults import FaultInjector, Watchdog
-from reference_impl.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model, spec_of
-from reference_impl.nonfinite import NonFiniteGuard, NonFiniteLoss
-from reference_impl.parallel import dims_of, parallelize
-from reference_impl.pipeline import build_pipeline
+from reference_impl.parallel.context_parallel import SequenceShard
+from reference_impl.parallel.experts import take_stats
+from reference_impl.parallel.pipeline import build_pipeline
+from reference_impl.parallel.registry import dims_of, parallelize
+from reference_impl.reliability.faults import FaultInjector, Watchdog
+from reference_impl.reliability.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
+from reference_impl.reliability.nonfinite import NonFiniteGuard, NonFiniteLoss
+from reference_impl.reliability.stragglers import StragglerMonitor
 from reference_impl.sample_log import SampleLog, sample_log_files
 from reference_impl.state import TrainState, state_digest
 from reference_impl.step import build_optimizer, build_scaler, build_scheduler, pipeline_train_step, train_step
-from reference_impl.stragglers import StragglerMonitor
 
 
 def build_dataset(cfg: TrainConfig) -> Dataset[Sample]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from reference_impl.measure import describe_device
+from reference_impl.bench.measure import describe_device
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -56,7 +56,8 @@ def apply_patch(patch: str) -> None:
 
     import torch
 
-    from reference_impl import parallel, step, train
+    from reference_impl import step, train
+    from reference_impl.parallel import registry as parallel
 
     if patch == "loss-eager":
         step.compiled_loss = lambda loss: loss  # type: ignore[assignment]

@@ -1,5 +1,5 @@
 """A rank of the expert-parallel tests, in a module of its own: a spawned child imports only
-this (torch and `reference_impl.experts`), not the test module's heavier imports.
+this (torch and `reference_impl.parallel.experts`), not the test module's heavier imports.
 
 Both sides build their inputs here, so the ranks and the one-process reference see the
 same block and the same tokens.
@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from reference_impl import experts
-from reference_impl.experts import MoE, shard_experts
+from reference_impl.parallel import experts
+from reference_impl.parallel.experts import MoE, shard_experts
 
 HIDDEN, FFN, TOKENS = 8, 16, 16  # tokens per rank
 # name -> (n_experts per rank, top_k, capacity_factor, balanced); run on 2 and on 4 ranks.

@@ -1,5 +1,5 @@
 """A rank of the preemption test, in a module of its own: a spawned child imports only this
-(torch and `reference_impl.lifecycle`), not the test module's heavier imports."""
+(torch and `reference_impl.reliability.lifecycle`), not the test module's heavier imports."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.distributed import DistContext
-from reference_impl.lifecycle import Preemption
+from reference_impl.reliability.lifecycle import Preemption
 from reference_impl.metrics import EventLog
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from reference_impl.checkpoint.publish import Publication, finish_save
 from reference_impl.distributed import DistContext
-from reference_impl.faults import FaultInjector
+from reference_impl.reliability.faults import FaultInjector
 from reference_impl.metrics import EventLog
 
 

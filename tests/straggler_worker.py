@@ -1,5 +1,5 @@
 """A rank of the straggler-rule test, in a module of its own: a forked child imports only this
-(torch and `reference_impl.stragglers`), not the test module's heavier imports."""
+(torch and `reference_impl.reliability.stragglers`), not the test module's heavier imports."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch.distributed as dist
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog, PhaseTimer
-from reference_impl.stragglers import StragglerMonitor
+from reference_impl.reliability.stragglers import StragglerMonitor
 
 STEP_S, SLOW_S = 0.01, 0.1  # every step's work on both ranks; the extra of a slow step on rank 1
 WINDOW = 5

@@ -21,7 +21,7 @@ import pytest
 from calc_inputs import memory_inputs
 
 from reference_impl import calc
-from reference_impl.memory_grid import config_of, grid, predict, reduced_grid
+from reference_impl.calc.memory_grid import config_of, grid, predict, reduced_grid
 
 GOLDEN = Path(__file__).with_name("memory_golden.json")
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"

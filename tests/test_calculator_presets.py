@@ -15,7 +15,7 @@ import pytest
 
 from reference_impl import calc
 from reference_impl.config import TrainConfig
-from reference_impl.memory_grid import LLAMA3_70B, LLAMA3_405B, Shape, llama_params
+from reference_impl.calc.memory_grid import LLAMA3_70B, LLAMA3_405B, Shape, llama_params
 from reference_impl.model import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from reference_impl.distributed import DistContext
 from reference_impl.launch import parse_events
 from reference_impl.metrics import EventLog
 from reference_impl.model import build_model
-from reference_impl.parallel import dims_of, parallelize
+from reference_impl.parallel.registry import dims_of, parallelize
 from reference_impl.state import state_digest
 from reference_impl.train import train
 

@@ -1,4 +1,4 @@
-"""Each naive version in reference_impl/counterexamples.py fails; the real code passes.
+"""Each naive version in reference_impl/interview/counterexamples.py fails; the real code passes.
 
 These tests back the handbook's Pitfalls page: every test shows the failure with real
 machinery (DataLoader worker processes, real gloo process groups, subprocesses with
@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from launch import Run, forked_ranks, free_port, run_ranks
-from reference_impl import counterexamples as naive
+from reference_impl.interview import counterexamples as naive
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.step import AUTOCAST_DTYPES, build_optimizer, build_scaler, build_scheduler, lr_multiplier
@@ -49,7 +49,7 @@ def test_naive_digest_differs_between_processes() -> None:
     code = """
         import dataclasses
         from reference_impl.config import TrainConfig
-        from reference_impl.counterexamples import naive_digest
+        from reference_impl.interview.counterexamples import naive_digest
         cfg = TrainConfig()
         print(naive_digest(dataclasses.asdict(cfg)), cfg.digest())
     """
@@ -195,7 +195,7 @@ def test_in_place_save_leaves_a_torn_latest_checkpoint(tmp_path: Path) -> None:
     # Crash mid-write for real: the kernel refuses writes beyond 64 KiB (RLIMIT_FSIZE).
     crash = _own_process(f"""
         import resource, torch
-        from reference_impl.counterexamples import naive_save
+        from reference_impl.interview.counterexamples import naive_save
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
         naive_save({{"w": torch.zeros(1_000_000)}}, {str(tmp_path)!r}, step=2)
     """, tmp_path / "naive_crash.py")
@@ -373,7 +373,7 @@ def test_missing_scheduler_state_restarts_the_schedule() -> None:
 def test_nccl_default_fails_on_a_cpu_machine(tmp_path: Path) -> None:
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    bad = _own_process("from reference_impl.counterexamples import naive_init; naive_init()",
+    bad = _own_process("from reference_impl.interview.counterexamples import naive_init; naive_init()",
                        tmp_path / "naive_init.py", **env)
     assert bad.returncode != 0 and "nccl" in bad.stderr.lower()
 

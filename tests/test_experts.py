@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_impl.experts import MoE, expert_capacity
+from reference_impl.parallel.experts import MoE, expert_capacity
 
 
 def _loop(block: MoE, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:

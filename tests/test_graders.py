@@ -21,7 +21,8 @@ import drill_answers as answers
 import pytest
 import torch
 
-from reference_impl import calc, graders
+from reference_impl import calc
+from reference_impl.interview import graders
 from reference_impl import interview_core as core
 from reference_impl import notebook as nb
 

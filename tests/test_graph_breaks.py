@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_impl.graph_breaks import clip_then_relu, clip_then_relu_breaks, graph_breaks
+from reference_impl.interview.graph_breaks import clip_then_relu, clip_then_relu_breaks, graph_breaks
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference_impl import parallel, tensor_parallel
+from reference_impl.parallel import registry as parallel, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.model import build_model, loss_fn
 

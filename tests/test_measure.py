@@ -1,4 +1,4 @@
-"""`python -m reference_impl.measure`: what it writes, without running the slow measurements."""
+"""`python -m reference_impl.bench.measure`: what it writes, without running the slow measurements."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_impl import measure
+from reference_impl.bench import measure
 from reference_impl.bench import BenchmarkError
 from reference_impl.metrics import PHASES
 
@@ -24,7 +24,7 @@ def test_main_writes_one_json_per_dataset_with_its_metadata(tmp_path: Path) -> N
     assert record["torch"] == torch.__version__
     assert record["date"] == datetime.now(timezone.utc).strftime("%Y-%m-%d")
     assert record["commit"] == head
-    assert record["command"] == "python -m reference_impl.measure --only memory"
+    assert record["command"] == "python -m reference_impl.bench.measure --only memory"
     assert record["device"].startswith("CPU: ")
     assert record["data"] == measure.memory()
 
@@ -53,7 +53,7 @@ def test_an_out_that_is_no_writable_folder_is_one_line_before_any_measurement(
     out = tmp_path / "afile" if where == "file" else tmp_path / "afile" / "data"
     assert measure.main(["--out", str(out), "--only", "memory"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"python -m reference_impl.measure: error: --out {out} is not a "
+    assert len(err) == 1 and err[0].startswith(f"python -m reference_impl.bench.measure: error: --out {out} is not a "
                                                "writable folder: "), err
 
 

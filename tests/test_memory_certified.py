@@ -5,18 +5,18 @@ embedding and output projection) of two to four blocks on fake tensors with a fa
 group of 8 to 64 ranks, shards every block and the root with FSDP2 (or HSDP: 4 replicas of
 an 8- or 16-rank shard group, where `calc.memory`'s `world_size` is the shard group) under
 the trainer's bf16 `MixedPrecisionPolicy` (fp32 reduce), and runs AdamW steps under the
-tracker (`reference_impl.memory_grid.track`). The calculator's per-rank peak must be within
+tracker (`reference_impl.calc.memory_grid.track`). The calculator's per-rank peak must be within
 5% of the tracker's, the handbook's promise, with each category the tracker reports held to
 the tolerance stated below. Two cases add tensor parallel (with and without sequence
 parallel) inside FSDP2, under `MemTracker`. The full grid at 7B-405B shapes is
-`python -m reference_impl.memory_grid`.
+`python -m reference_impl.calc.memory_grid`.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from reference_impl.memory_grid import CATEGORIES, Config, predict, reduced_grid, track
+from reference_impl.calc.memory_grid import CATEGORIES, Config, predict, reduced_grid, track
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from reference_impl.mesh import AXES, ParallelDims
+from reference_impl.parallel.mesh import AXES, ParallelDims
 
 # (pp, dp_replicate, dp_shard, cp, tp): every axis alone, pairs, and all five at once.
 MESHES = [(1, 1, 1, 1, 1), (1, 1, 1, 1, 4), (4, 1, 1, 1, 1), (1, 3, 1, 1, 1), (1, 1, 3, 1, 1),
@@ -87,7 +87,7 @@ def test_hsdp_gives_fsdp2_the_replicate_by_shard_mesh_with_shard_groups_of_neigh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from reference_impl.config import TrainConfig
-    from reference_impl.parallel import dims_of
+    from reference_impl.parallel.registry import dims_of
 
     cfg = TrainConfig(strategy="fsdp", model="transformer", dp_replicate=2, world_size=4, micro_batch_size=4)
     dims = dims_of(cfg)
@@ -111,7 +111,7 @@ def test_context_parallel_ranks_join_the_data_parallel_wrapper(strategy: str, wo
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from reference_impl.config import TrainConfig
-    from reference_impl.parallel import dims_of
+    from reference_impl.parallel.registry import dims_of
 
     cfg = TrainConfig(strategy=strategy, model="transformer", cp_degree=2, world_size=world)  # type: ignore[arg-type]
     dims = dims_of(cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_impl import mock_questions as mq
+from reference_impl.interview import mock_questions as mq
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, MB = 1e9, 1e6
@@ -110,7 +110,7 @@ def test_every_placeholder_names_a_parameter_and_mfu_answers_are_fractions() -> 
 
 
 def test_the_pages_copy_of_the_bank_is_current_and_shares_the_quiz_storage() -> None:
-    assert mq.main(["--check"]) == 0, "run: python -m reference_impl.mock_questions"
+    assert mq.main(["--check"]) == 0, "run: python -m reference_impl.interview.mock_questions"
     prefix = re.search(r'const PREFIX = "([^"]+)"', (ROOT / "docs/javascripts/quiz.js").read_text())
     assert prefix, "quiz.js no longer names its storage prefix"
     assert f'var QUIZ_PREFIX = "{prefix[1]}"' in (ROOT / "docs/javascripts/mock.js").read_text()

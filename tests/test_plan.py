@@ -1,4 +1,4 @@
-"""The configuration search of reference_impl.plan: the known facts of a 70B model on 64 H100s,
+"""The configuration search of reference_impl.calc.plan: the known facts of a 70B model on 64 H100s,
 hand-computed terms, the directions every term must move in, and its input checks."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from reference_impl import calc
-from reference_impl.plan import Job, Plan, _bandwidth, best_per_mesh, evaluate, fsdp_hiding_tokens, search
-from reference_impl.shapes import LLAMA3_70B, llama_params
+from reference_impl.calc.plan import Job, Plan, _bandwidth, best_per_mesh, evaluate, fsdp_hiding_tokens, search
+from reference_impl.calc.shapes import LLAMA3_70B, llama_params
 
 GB = 1e9
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from launch import REPO, Run, alive, free_port, python_module, run_ranks
 from reference_impl.checkpoint import CheckpointError
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
-from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, Preemption, loader_worker_init
+from reference_impl.reliability.lifecycle import AGREE_AT_LEAST_EVERY, Preemption, loader_worker_init
 from reference_impl.metrics import EventLog
 from reference_impl.options.training import SEED_STRIDE
 from reference_impl.step import lr_multiplier

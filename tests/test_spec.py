@@ -19,7 +19,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from reference_impl import model as models
-from reference_impl import parallel, pipeline, tensor_parallel
+from reference_impl.parallel import pipeline, registry as parallel, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.model import MLP_SPEC, TRANSFORMER_SPEC, build_model

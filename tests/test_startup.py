@@ -4,7 +4,7 @@ without pipeline stages never imports `torch.distributed.pipelining`.
 A restarted job pays its imports again before its first resumed step. DCP
 (`torch.distributed.checkpoint`) serves only runs with sharded parameters, so the package
 imports it where such a run uses it (`reference_impl.checkpoint.layouts`), not at start-up;
-likewise the pipelining package, where a pipeline is built (`reference_impl.pipeline`).
+likewise the pipelining package, where a pipeline is built (`reference_impl.parallel.pipeline`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The communication, bubble and FLOP calculators against PyTorch's own traces.
 
 Collectives are logged under the fake process group at up to 1,024 ranks
-(`reference_impl.traces.CollectiveLog`), pipeline bubbles come from replaying the action
+(`reference_impl.calc.traces.CollectiveLog`), pipeline bubbles come from replaying the action
 order `torch.distributed.pipelining` builds for each schedule it ships, and FLOPs from
 `FlopCounterMode`. Where PyTorch does something the formula does not, the difference is
 named and asserted exactly.
@@ -17,12 +17,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from reference_impl import calc, traces
+from reference_impl import calc
+from reference_impl.calc import traces
 from reference_impl.config import TrainConfig
-from reference_impl.experts import MoE
-from reference_impl.memory_grid import Llama, Shape, fake_world, llama_params
+from reference_impl.parallel.experts import MoE
+from reference_impl.calc.memory_grid import Llama, Shape, fake_world, llama_params
 from reference_impl.model import build_model, flops_per_sample, loss_fn
-from reference_impl.tensor_parallel import parallelize
+from reference_impl.parallel.tensor_parallel import parallelize
 
 BANDWIDTH = 1e9  # any: only the bytes are compared
 # Every dimension 0 a multiple of 1,024, so FSDP2 shards without padding at 1,024 ranks.

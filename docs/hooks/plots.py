@@ -1,6 +1,6 @@
 """MkDocs hook: plots of measured runs, rendered to SVG at build time.
 
-`docs/data/NAME.json` is written by `python -m reference_impl.measure` and committed:
+`docs/data/NAME.json` is written by `python -m reference_impl.bench.measure` and committed:
 `{"device", "torch", "date", "commit", "command", "data"}`. Each build renders it with
 matplotlib (Agg, text as paths, so no font is fetched) into `plots/NAME.svg` in the site,
 and into `plots/NAME-narrow.svg` for phones. A plot is a white card in both palettes: no
@@ -39,7 +39,7 @@ METADATA = ("device", "torch", "date", "commit", "command")
 # Data files that `hooks/tables.py` shows as tables, not plots.
 TABLE_DATA = ("memory_grid", "memory_grid_reduced", "gpu", "gpu_small", "gpu_fp8", "gpu_profile", "accessibility_known",
               "goodput")
-# Plots whose data a script writes (it runs longer than `python -m reference_impl.measure` should).
+# Plots whose data a script writes (it runs longer than `python -m reference_impl.bench.measure` should).
 SCRIPTED = {"goodput_sweep": "python scripts/goodput_sweep.py"}
 MARK = re.compile(r"<!-- plot: (?P<name>[a-z_]+) -->")
 INK = "#404040"  # text and axes
@@ -262,7 +262,7 @@ PLOTS: dict[str, tuple[Renderer, str, str]] = {
     "pipeline": (_pipeline, "Pipeline bubble against micro-batches",
                  "Each rank's idle share of a step on two ranks whose forward and backward sleep known "
                  "times, cut into two stages per rank under interleaved 1F1B (`python -m "
-                 "reference_impl.bench pipeline`), against `reference_impl.pipeline.bubble_fraction`."),
+                 "reference_impl.bench pipeline`), against `reference_impl.parallel.pipeline.bubble_fraction`."),
 }
 
 

@@ -2,12 +2,12 @@
 
 `<!-- table: NAME -->` on a page becomes the Markdown table `TABLES[NAME]()` returns:
 
-* `mesh_ranking`: the fastest meshes of `reference_impl.plan.search()` (a 70B model on 64
+* `mesh_ranking`: the fastest meshes of `reference_impl.calc.plan.search()` (a 70B model on 64
   H100s), each at its best micro-batch and checkpointing choice;
 * `mesh_landmarks`: the meshes an interviewer names (DDP, HSDP in a node, FSDP, TP across
   nodes, TP + FSDP, TP + PP), each at its best setting, or why none of its settings runs;
 * `memory_grid`, `memory_grid_reduced`: `calc.memory` against PyTorch's `FSDPMemTracker`
-  on the grids that `python -m reference_impl.memory_grid [--reduced]` writes to
+  on the grids that `python -m reference_impl.calc.memory_grid [--reduced]` writes to
   `docs/data/`, with the torch version and the date of the run;
 * `gpu`: `python -m reference_impl.bench gpu` on a real GPU (`docs/data/gpu.json`, the JSON
   lines of its runs), eager, compiled and compiled in float8, with the device and versions;
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from reference_impl.plan import Plan, best_per_mesh, search
+from reference_impl.calc.plan import Plan, best_per_mesh, search
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved 1F1B"}

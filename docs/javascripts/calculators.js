@@ -1,5 +1,5 @@
 /*
- * The handbook's calculators: the browser twins of reference_impl/calc.py.
+ * The handbook's calculators: the browser twins of reference_impl/calc/ (one module per topic).
  *
  * window.handbookCalc.<name>(inputs) takes an object with the same keys as the Python
  * function's keyword arguments, applies the same defaults, and returns an object with the
@@ -22,7 +22,7 @@
   var PIPELINE_SCHEDULES = ["1f1b", "zero_bubble", "zbv"];
   var MAX_COST_OVER_MTBF = 100;
 
-  // ------------------------------------------------------------ validation (as calc.py)
+  // ------------------------------------------------------------ validation (as calc/checks.py)
 
   function repr(value) {
     return typeof value === "string" ? "'" + value + "'" : String(value);
@@ -77,9 +77,9 @@
     return args;
   }
 
-  // ------------------------------------------------------------ memory, part by part (as calc.py)
+  // ------------------------------------------------------------ memory, part by part (as calc/memory_model.py)
 
-  // Each memory_* function is the twin of calc.py's of the same name and takes the record
+  // Each memory_* function is the twin of calc/memory_model.py's of the same name and takes the record
   // memory_inputs returns; tests/browser/test_calculators.py compares them part by part.
   var MODEL_STATES = ["params_bytes", "grads_bytes", "master_bytes", "optimizer_bytes"];
 
@@ -94,7 +94,7 @@
     return Object.keys(object).reduce(function (sum, key) { return sum + object[key]; }, 0);
   }
 
-  // Every input given (memory binds the defaults), checked in calc.py's order; the record
+  // Every input given (memory binds the defaults), checked in calc/memory_model.py's order; the record
   // also carries MemoryInputs' properties.
   function memory_inputs(x) {
     var p = positive("params", x.params), n = count("world_size", x.world_size);
@@ -412,7 +412,7 @@
       throw new Error("an interleaved schedule needs microbatches (" + m + ") to be a multiple of stages (" + p + ")");
     }
     // Idle and busy time per stage: for "1f1b" in slots of a chunk's forward and backward,
-    // for the zero-bubble schedules in units of a forward (as calc.py).
+    // for the zero-bubble schedules in units of a forward (as calc/schedules.py).
     var idle, busy;
     if (x.schedule === "1f1b") {
       idle = p - 1; busy = v * m;
@@ -440,7 +440,7 @@
       daly_interval_s: daly, daly_overhead_fraction: dalyOverhead};
   }
 
-  // e^x - 1 - x without the cancellation of expm1(x) - x near 0 (as calc.py).
+  // e^x - 1 - x without the cancellation of expm1(x) - x near 0 (as calc/failures.py).
   function expMinusOneMinusX(x) {
     if (Math.abs(x) >= 0.5) return Math.expm1(x) - x;
     var term = x * x / 2, total = 0;
@@ -452,7 +452,7 @@
     return total;
   }
 
-  // The y = lambda tau minimising (e^(y + c) - 1) / y: Newton on z = -ln(1 - y) (as calc.py).
+  // The y = lambda tau minimising (e^(y + c) - 1) / y: Newton on z = -ln(1 - y) (as calc/failures.py).
   function optimalWorkOverMtbf(c) {
     var z = c <= 0.5 ? 2 * Math.sqrt(c) : c + 1;
     for (var i = 0; i < 100; i++) {
@@ -517,7 +517,7 @@
     pp_comm: pp_comm, moe_all_to_all: moe_all_to_all, pipeline_bubble: pipeline_bubble, checkpoint_interval: checkpoint_interval, mfu: mfu,
     step_time: step_time, goodput: goodput
   };
-  // The parts calc.memory is composed of, for the test that compares them with calc.py's.
+  // The parts calc.memory is composed of, for the test that compares them with calc/memory_model.py's.
   window.handbookCalcMemoryParts = {
     memory_inputs: memory_inputs, memory_sharded_states: memory_sharded_states,
     memory_model_state: memory_model_state, memory_attention_activations: memory_attention_activations,

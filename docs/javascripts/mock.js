@@ -1,6 +1,6 @@
 /*
  * Numeric mock interview (docs/practice/mock-interview.md): one question at a time, drawn
- * afresh per attempt from the templates of reference_impl/mock_questions.py (its copy
+ * afresh per attempt from the templates of reference_impl/interview/mock_questions.py (its copy
  * data/mock/questions.json), answered by the calculators, with chained follow-ups, a
  * clock, and self-grading.
  *
@@ -44,7 +44,7 @@
     return bank.templates.filter(function (t) { return t.id === id; })[0];
   }
 
-  // The data's input spelling (see reference_impl/mock_questions.py): "$name" is a
+  // The data's input spelling (see reference_impl/interview/mock_questions.py): "$name" is a
   // parameter, a list is a product, anything else a literal.
   function resolve(t, params) {
     function value(spec) {

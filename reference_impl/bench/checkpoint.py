@@ -36,7 +36,7 @@ from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.launch import torchrun_command
 from reference_impl.metrics import EventLog
-from reference_impl.parallel import unwrap
+from reference_impl.parallel.registry import unwrap
 from reference_impl.state import TrainState
 
 RECOVERY_TIMEOUT_S = 300.0

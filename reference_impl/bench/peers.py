@@ -28,7 +28,7 @@ from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
 from reference_impl.model import build_model
-from reference_impl.parallel import unwrap
+from reference_impl.parallel.registry import unwrap
 from reference_impl.state import TrainState
 from reference_impl.step import build_optimizer
 

@@ -8,7 +8,7 @@ from typing import Any
 from reference_impl.bench.common import benchmark, int_list, positive_int, report
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import distributed
-from reference_impl.pipeline import SCHEDULES, measure_bubble
+from reference_impl.parallel.pipeline import SCHEDULES, measure_bubble
 
 
 def _add_pipeline_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def pipeline_bubble(args: argparse.Namespace, cfg: TrainConfig) -> dict[str, Any
     """The pipeline bubble measured on stages whose work takes a known time.
 
     Runs on every rank under torchrun (one stage each); rank 0 reports. See
-    [`measure_bubble`][reference_impl.pipeline.measure_bubble].
+    [`measure_bubble`][reference_impl.parallel.pipeline.measure_bubble].
 
     Args:
         args: `--microbatches`, `--rounds` (and `--nproc`: the number of stages).

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from reference_impl.checkpoint.files import CheckpointError, need
 from reference_impl.checkpoint.fit import check_model, check_optimizer
-from reference_impl.parallel import unwrap
+from reference_impl.parallel.registry import unwrap
 from reference_impl.state import TrainState
 
 DCP_DIR = "dcp"

@@ -54,9 +54,9 @@ from reference_impl.checkpoint.manifest import (
 from reference_impl.checkpoint.publish import TMP_PREFIX, Publication, finish_save, prove_shared, temporary_dir
 from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.distributed import DistContext
-from reference_impl.faults import FaultInjector
 from reference_impl.metrics import EventLog
-from reference_impl.parallel import checkpoint_layout
+from reference_impl.parallel.registry import checkpoint_layout
+from reference_impl.reliability.faults import FaultInjector
 from reference_impl.state import RESUME_NAMES, TrainState, rng_state, set_rng_state
 from reference_impl.step import lr_multiplier
 

@@ -49,8 +49,8 @@ from reference_impl.checkpoint.files import (
 )
 from reference_impl.checkpoint.manifest import MANIFEST
 from reference_impl.distributed import DistContext
-from reference_impl.faults import FaultInjector, enospc
 from reference_impl.metrics import EventLog
+from reference_impl.reliability.faults import FaultInjector, enospc
 
 TMP_PREFIX = ".tmp-step-"
 

@@ -23,10 +23,10 @@ from torchft import Manager, ProcessGroupGloo
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.distributed import DistContext, distributed, exit_process, rendezvous_address
-from reference_impl.faults import FaultInjector
 from reference_impl.ft.transport import WeightsOnlyHTTPTransport
-from reference_impl.lifecycle import die_with_parent
 from reference_impl.metrics import EventLog, PhaseTimer
+from reference_impl.reliability.faults import FaultInjector
+from reference_impl.reliability.lifecycle import die_with_parent
 from reference_impl.state import TrainState, state_digest
 from reference_impl.step import accumulate_gradients, optimizer_step
 from reference_impl.train import build_state

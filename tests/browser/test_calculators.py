@@ -136,7 +136,7 @@ def page(browser, server):  # noqa: F811 - the fixtures imported above
 
 
 def test_every_calculator_has_a_python_twin_and_a_page() -> None:
-    """The contract both ways: the same names in calc.py, calculators.js and the pages."""
+    """The contract both ways: the same names in reference_impl.calc, calculators.js and the pages."""
     docs = Path(__file__).resolve().parents[2] / "docs"
     script = (docs / "javascripts" / "calculators.js").read_text(encoding="utf-8")
     exported = re.search(r"window\.handbookCalc = \{(?P<body>[^}]*)\}", script)["body"]
@@ -171,7 +171,7 @@ def test_browser_twin_matches_python(page, name: str) -> None:
     assert not mismatches, f"{len(mismatches)} of {CASES} differ:\n" + "\n".join(mismatches[:10])
 
 
-# calc.memory's parts in calc.py: the functions named memory_<part> (memory itself aside).
+# calc.memory's parts in reference_impl.calc: the functions named memory_<part> (memory itself aside).
 MEMORY_PARTS = sorted(name for name in vars(calc) if name.startswith("memory_") and callable(getattr(calc, name)))
 RUN_PARTS = """
 ([names, cases]) => cases.map((inputs) => {

@@ -1,7 +1,7 @@
 """The numeric mock interview in Chromium: the page's answers are the Python bank's.
 
 The page draws a question with a fixed seed; its answer, from `window.handbookCalc`, must
-equal `reference_impl.mock_questions.answer` for the numbers it drew, and so must the
+equal `reference_impl.interview.mock_questions.answer` for the numbers it drew, and so must the
 page's answers for seeded draws of every template. A wrong answer marked "Review again"
 must land in the quiz's storage (the review list) and stay there when the follow-up, which
 changes one number, goes well; the clock must show the time left of the chosen mode.
@@ -15,7 +15,7 @@ import re
 import pytest
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
-from reference_impl import mock_questions as mq
+from reference_impl.interview import mock_questions as mq
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
 

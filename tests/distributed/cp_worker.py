@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference_impl.context_parallel import CommStats, parallelize, ring_attention, shard_sequence
+from reference_impl.parallel.context_parallel import CommStats, parallelize, ring_attention, shard_sequence
 from reference_impl.model import TinyTransformer
-from reference_impl.ulysses import ulysses_attention
+from reference_impl.parallel.ulysses import ulysses_attention
 
 BATCH, HEADS, HEAD_DIM, CHUNK = 2, 2, 8, 4  # CHUNK tokens per chunk: diagonal blocks mask inside
 # The transformer's cases: (load_balanced, attention).

@@ -15,7 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import distributed
 from reference_impl.metrics import EventLog
-from reference_impl.parallel import unwrap
+from reference_impl.parallel.registry import unwrap
 from reference_impl.state import TrainState
 from reference_impl.train import build_state, train
 

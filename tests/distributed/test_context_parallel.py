@@ -1,4 +1,4 @@
-"""Ring attention (`reference_impl.context_parallel`) against full causal attention.
+"""Ring attention (`reference_impl.parallel.context_parallel`) against full causal attention.
 
 The distributed tests start real gloo process groups of 2 and 4 ranks; every rank checks
 its rows of the output and of dq, dk, dv against full attention computed in one process,
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import cp_worker
 from launch import free_port, python_module, run_ranks, train_ok
-from reference_impl.context_parallel import (
+from reference_impl.parallel.context_parallel import (
     block_attention,
     idle_share,
     merge_partials,

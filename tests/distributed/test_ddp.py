@@ -183,7 +183,7 @@ def test_ddp_gradients_are_views_into_its_all_reduce_buckets() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from reference_impl.config import TrainConfig
-    from reference_impl.parallel import ddp
+    from reference_impl.parallel.registry import ddp
 
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:

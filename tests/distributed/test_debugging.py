@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from launch import REPO, kill_tree, torchrun
 
-from reference_impl.debug_demos import ranks_behind
+from reference_impl.interview.debug_demos import ranks_behind
 from reference_impl.launch import torchrun_command
 
 pytestmark = pytest.mark.distributed
 
-DEMO = "reference_impl.debug_demos"
+DEMO = "reference_impl.interview.debug_demos"
 
 
 def test_detail_mode_names_the_mismatched_collective_and_its_shapes() -> None:

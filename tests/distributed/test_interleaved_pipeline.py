@@ -21,7 +21,7 @@ import torch.distributed as dist
 from launch import Run, free_port, python_module, run_ranks, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.model import InterleavedStages, build_model, stage_layers, transformer_stage
-from reference_impl.pipeline import measure_bubble
+from reference_impl.parallel.pipeline import measure_bubble
 from sample_logs import losses
 
 # 4 blocks over 2 ranks x 2 stages (one block each); 8 samples per micro-batch in 4 pipeline

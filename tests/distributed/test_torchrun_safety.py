@@ -15,7 +15,7 @@ import pytest
 from launch import REPO, alive, descendants, forked_ranks, kill_tree, python_module, torchrun
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.launch import torchrun_command
-from reference_impl.lifecycle import AGREE_AT_LEAST_EVERY, PREEMPTED_EXIT
+from reference_impl.reliability.lifecycle import AGREE_AT_LEAST_EVERY, PREEMPTED_EXIT
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(180)]
 

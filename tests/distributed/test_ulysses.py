@@ -1,4 +1,4 @@
-"""Ulysses attention (`reference_impl.ulysses`) against full causal attention and one process.
+"""Ulysses attention (`reference_impl.parallel.ulysses`) against full causal attention and one process.
 
 The distributed tests start real gloo process groups of 2 and 4 ranks: every rank checks
 its rows of the output and of dq, dk, dv against full attention computed in one process,
@@ -17,10 +17,10 @@ import torch
 import cp_worker
 from launch import free_port, python_module, run_ranks, train_ok
 from reference_impl.config import TrainConfig
-from reference_impl.context_parallel import ring_attention
+from reference_impl.parallel.context_parallel import ring_attention
 from reference_impl.model import TinyTransformer
-from reference_impl.parallel import PARALLELISMS
-from reference_impl.ulysses import sequence_order, ulysses_attention, ulysses_bytes_per_layer
+from reference_impl.parallel.registry import PARALLELISMS
+from reference_impl.parallel.ulysses import sequence_order, ulysses_attention, ulysses_bytes_per_layer
 from sample_logs import losses
 from test_context_parallel import TOL, TRAIN
 

@@ -15,9 +15,9 @@ import pytest
 
 import handbook_docs_support as support
 from reference_impl import calc
-from reference_impl.measure import COMMAND, DATASETS
+from reference_impl.bench.measure import COMMAND, DATASETS
 from reference_impl.metrics import PHASES
-from reference_impl.pipeline import bubble_fraction
+from reference_impl.parallel.pipeline import bubble_fraction
 
 sys.path.insert(0, str(support.DOCS / "hooks"))
 import plots  # noqa: E402

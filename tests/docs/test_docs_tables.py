@@ -1,7 +1,7 @@
 """Every Markdown table is well formed: each row has its header's columns, and a table ends
 at a blank line (a paragraph glued to a table is swallowed into it as broken rows). Tables
 computed at build time (`<!-- table: NAME -->`, docs/hooks/tables.py) are well formed too,
-and show what reference_impl.plan computes."""
+and show what reference_impl.calc.plan computes."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def _body_rows(name: str) -> list[str]:
 
 
 def test_the_mesh_tables_show_what_the_search_computes() -> None:
-    from reference_impl.plan import best_per_mesh, search
+    from reference_impl.calc.plan import best_per_mesh, search
 
     ranking = _body_rows("mesh_ranking")
     best = best_per_mesh(search())
@@ -126,7 +126,7 @@ KNOWN_MISSES = {"Llama-3 70B, 80 layers, FSDP 64 x TP 8 + SP, seq 4096, AC on": 
 def test_the_memory_grid_tables_are_the_committed_grids_and_todays_calculator(name: str) -> None:
     """Each row of a committed grid still matches `calc.memory` as it is now, within 5% of
     the tracker (or is a known miss the page states), and the table shows every row."""
-    from reference_impl.memory_grid import config_of, predict
+    from reference_impl.calc.memory_grid import config_of, predict
 
     record = json.loads((support.DOCS / "data" / f"{name}.json").read_text(encoding="utf-8"))
     rows = record["data"]["rows"]

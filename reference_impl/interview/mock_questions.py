@@ -4,7 +4,7 @@ Each template is data: a question with `{placeholders}`, a few choices for each
 parameter, the calculator of `reference_impl.calc` that answers it, how the parameters
 become that calculator's inputs, which output to read and in which unit, and the
 follow-ups that change one parameter and ask again ("now double the GPUs"). The same
-data, written to `docs/data/mock/questions.json` by `python -m reference_impl.mock_questions`,
+data, written to `docs/data/mock/questions.json` by `python -m reference_impl.interview.mock_questions`,
 drives the mock-interview page, which draws parameters afresh per attempt and computes
 the answer with the browser twin of the same calculator (`window.handbookCalc`).
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from reference_impl import calc
 
-JSON_PATH = Path(__file__).resolve().parents[1] / "docs" / "data" / "mock" / "questions.json"
+JSON_PATH = Path(__file__).resolve().parents[2] / "docs" / "data" / "mock" / "questions.json"
 # Most answers are back-of-the-envelope figures: within 10% is right.
 TOLERANCE = 0.10
 
@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.check:
         current = JSON_PATH.read_text() == to_json() if JSON_PATH.exists() else False
-        print(f"{JSON_PATH}: {'current' if current else 'stale: run python -m reference_impl.mock_questions'}")
+        fix = "stale: run python -m reference_impl.interview.mock_questions"
+        print(f"{JSON_PATH}: {'current' if current else fix}")
         return 0 if current else 1
     JSON_PATH.write_text(to_json())
     print(f"wrote {JSON_PATH}: {len(TEMPLATES)} templates, {bank_size()} distinct questions")

@@ -1,14 +1,14 @@
-"""Measured data for the handbook's plots: `python -m reference_impl.measure [--out docs/data]`.
+"""Measured data for the handbook's plots: `python -m reference_impl.bench.measure [--out docs/data]`.
 
-One function per dataset, registered with [`dataset`][reference_impl.measure.dataset],
-returns the plot's `data`; [`main`][reference_impl.measure.main] wraps it with
-[`metadata`][reference_impl.measure.metadata] (device, torch version, date, commit and the
+One function per dataset, registered with [`dataset`][reference_impl.bench.measure.dataset],
+returns the plot's `data`; [`main`][reference_impl.bench.measure.main] wraps it with
+[`metadata`][reference_impl.bench.measure.metadata] (device, torch version, date, commit and the
 command that regenerates it) and writes `NAME.json` into the output folder. The site's
 build hook `docs/hooks/plots.py` renders each file to an SVG. Everything runs on the CPU
 with gloo, two ranks, and takes a few minutes on a 2-core machine.
 
-    python -m reference_impl.measure                     # every dataset into docs/data
-    python -m reference_impl.measure --only allreduce    # one dataset
+    python -m reference_impl.bench.measure                     # every dataset into docs/data
+    python -m reference_impl.bench.measure --only allreduce    # one dataset
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from reference_impl.bench.common import BenchmarkError, launched
 from reference_impl.launch import torchrun_command
 from reference_impl.metrics import PHASES
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMAND = "python -m reference_impl.measure"
+ROOT = Path(__file__).resolve().parents[2]
+COMMAND = "python -m reference_impl.bench.measure"
 TIMEOUT_S = 240.0
 DatasetFn = Callable[[], dict[str, Any]]
 DATASETS: dict[str, DatasetFn] = {}

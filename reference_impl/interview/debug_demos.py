@@ -1,11 +1,11 @@
 """Two broken distributed jobs to practise debugging on, under torchrun with gloo.
 
-    torchrun --standalone --nproc-per-node 2 -m reference_impl.debug_demos mismatch
+    torchrun --standalone --nproc-per-node 2 -m reference_impl.interview.debug_demos mismatch
     TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node 2 \\
-        -m reference_impl.debug_demos mismatch
-    torchrun --standalone --nproc-per-node 2 -m reference_impl.debug_demos stuck
+        -m reference_impl.interview.debug_demos mismatch
+    torchrun --standalone --nproc-per-node 2 -m reference_impl.interview.debug_demos stuck
     TORCH_FR_BUFFER_SIZE=2000 torchrun --standalone --nproc-per-node 4 \\
-        -m reference_impl.debug_demos behind --timeout-s 5 --trace-dir /tmp/fr
+        -m reference_impl.interview.debug_demos behind --timeout-s 5 --trace-dir /tmp/fr
 
 The debugging page shows what each tool reports for them; tests/distributed/test_debugging.py
 runs every recipe.
@@ -113,7 +113,7 @@ DEMOS = {"mismatch": mismatched_collective, "stuck": stuck_collective, "behind":
 
 def main(argv: list[str] | None = None) -> int:
     """Run one demo inside a gloo group; exit 2 on a bad argument or outside torchrun."""
-    parser = argparse.ArgumentParser(prog="python -m reference_impl.debug_demos")
+    parser = argparse.ArgumentParser(prog="python -m reference_impl.interview.debug_demos")
     parser.add_argument("demo", choices=sorted(DEMOS))
     parser.add_argument("--timeout-s", type=float, default=60.0, help="the process group's timeout")
     parser.add_argument("--trace-dir", help="dump each rank's flight recorder here when the demo ends")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     global TIMEOUT_S
     TIMEOUT_S = args.timeout_s
     if "WORLD_SIZE" not in os.environ:
-        print("reference_impl.debug_demos: error: run it under torchrun with 2 ranks", file=sys.stderr)
+        print("reference_impl.interview.debug_demos: error: run it under torchrun with 2 ranks", file=sys.stderr)
         return 2
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     print(f"rank {dist.get_rank()} pid {os.getpid()} running {args.demo}", flush=True)

@@ -21,13 +21,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-# --8<-- [end:imports]
-from reference_impl import context_parallel, experts, pipeline, tensor_parallel, ulysses
 from reference_impl.compiled import compile_units
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
-from reference_impl.mesh import ParallelDims
 from reference_impl.model import spec_of
+
+# --8<-- [end:imports]
+from reference_impl.parallel import context_parallel, experts, pipeline, tensor_parallel, ulysses
+from reference_impl.parallel.mesh import ParallelDims
 
 
 # --8<-- [start:data_parallel]
@@ -81,7 +82,7 @@ class Parallelism:
     """One way of splitting the work, and what it implies for the rest of the run.
 
     Attributes:
-        axis: The mesh axis it spans (see `reference_impl.mesh.AXES`).
+        axis: The mesh axis it spans (see `reference_impl.parallel.mesh.AXES`).
         wrap: Returns the model wrapped over the mesh of that axis.
         sharded: Ranks hold different parts of the parameters (DTensor shards, or pipeline
             stages), so every rank writes its part and checkpoints go through DCP.

@@ -35,8 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from reference_impl import calc
-from reference_impl.calc import _count, _flag, _positive
-from reference_impl.shapes import LLAMA3_70B, Shape, fsdp2_memory, llama_params
+from reference_impl.calc.checks import count, flag, positive
+from reference_impl.calc.shapes import LLAMA3_70B, Shape, fsdp2_memory, llama_params
 
 PARAM_BYTES = 2  # bf16 parameters gathered by FSDP2's all-gathers
 GRAD_BYTES = 2  # bf16 gradients reduced: the search's assumption (the trainer reduces in fp32)
@@ -85,15 +85,15 @@ class Job:
 
     def __post_init__(self) -> None:
         for name in ("gpu_memory_bytes", "peak_flops_per_gpu", "intra_node_bandwidth", "inter_node_bandwidth"):
-            _positive(name, getattr(self, name))
+            positive(name, getattr(self, name))
         for name in ("seq_len", "global_batch", "n_gpus", "gpus_per_node"):
-            _count(name, getattr(self, name))
-        if _positive("compute_efficiency", self.compute_efficiency) > 1:
+            count(name, getattr(self, name))
+        if positive("compute_efficiency", self.compute_efficiency) > 1:
             raise ValueError(f"compute_efficiency is a fraction and must not exceed 1, got {self.compute_efficiency!r}")
         if not self.micro_batches:
             raise ValueError("micro_batches must name at least one micro-batch size")
         for size in self.micro_batches:
-            _count("micro_batches", size)
+            count("micro_batches", size)
 
     @property
     def params(self) -> int:
@@ -199,9 +199,9 @@ def evaluate(job: Job, *, dp_replicate: int, dp_shard: int, tp: int, pp: int, mi
         ValueError: A degree below 1, degrees whose product is not `job.n_gpus`, or a
             non-boolean `activation_checkpointing`.
     """
-    r, s = _count("dp_replicate", dp_replicate), _count("dp_shard", dp_shard)
-    t, p, b = _count("tp", tp), _count("pp", pp), _count("micro_batch", micro_batch)
-    ac = _flag("activation_checkpointing", activation_checkpointing)
+    r, s = count("dp_replicate", dp_replicate), count("dp_shard", dp_shard)
+    t, p, b = count("tp", tp), count("pp", pp), count("micro_batch", micro_batch)
+    ac = flag("activation_checkpointing", activation_checkpointing)
     if r * s * t * p != job.n_gpus:
         raise ValueError(f"mesh {r}x{s}x{t}x{p} has {r * s * t * p} GPUs, the job has {job.n_gpus}")
     chosen = Plan(dp_replicate=r, dp_shard=s, tp=t, pp=p, micro_batch=b, activation_checkpointing=ac)

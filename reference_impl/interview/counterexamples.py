@@ -694,7 +694,7 @@ def ddp_allreduce_count_worker(rank: int, world_size: int, port: int, out_dir: s
     """Count DDP's gradient all-reduces for one global step of 2 micro-batches, both ways."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from reference_impl.parallel import gradient_sync
+    from reference_impl.parallel.registry import gradient_sync
 
     with _gloo_group(rank, world_size, port):
         result = {}

@@ -18,10 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-# --8<-- [end:imports]
-from reference_impl import context_parallel
 from reference_impl.config import TrainConfig
-from reference_impl.experts import AllToAll
+
+# --8<-- [end:imports]
+from reference_impl.parallel import context_parallel
+from reference_impl.parallel.experts import AllToAll
 
 
 # --8<-- [start:ulysses]

@@ -1,7 +1,7 @@
 """Llama-style model shapes and their parameter counts, without torch.
 
-The memory grid (`reference_impl.memory_grid`) builds these shapes on fake tensors to
-certify `calc.memory`; the configuration search (`reference_impl.plan`) prices meshes for
+The memory grid (`reference_impl.calc.memory_grid`) builds these shapes on fake tensors to
+certify `calc.memory`; the configuration search (`reference_impl.calc.plan`) prices meshes for
 them. Both count parameters with `llama_params` and price memory with `fsdp2_memory`, so
 the search's model is, byte for byte, the one the tracker measured.
 """

@@ -15,7 +15,7 @@ from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
 from reference_impl.model import loss_fn
-from reference_impl.parallel import unwrap
+from reference_impl.parallel.registry import unwrap
 from reference_impl.step import autocast
 
 Inputs = list[tuple[torch.Tensor, torch.Tensor]]  # a step's micro-batches: (inputs, targets)

@@ -18,7 +18,7 @@ from torch.utils.hooks import RemovableHandle
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog, PhaseTimer
-from reference_impl.parallel import unwrap
+from reference_impl.parallel.registry import unwrap
 
 
 class FaultInjector:

@@ -1,6 +1,6 @@
 """PyTorch's own memory accounting for Llama-shaped models under FSDP2, against `calc.memory`.
 
-`python -m reference_impl.memory_grid` builds each configuration of the grid on fake
+`python -m reference_impl.calc.memory_grid` builds each configuration of the grid on fake
 tensors (`FakeTensorMode`: shapes and dtypes, no storage) with a fake process group of the
 configuration's world size (`torch.testing._internal.distributed.fake_pg`), applies FSDP2
 `fully_shard` to every block and to the root with the trainer's bf16
@@ -11,10 +11,10 @@ written to `docs/data/memory_grid.json`, the reduced one to `memory_grid_reduced
 after every configuration; a 7B configuration takes one to three minutes on one CPU core
 and a few hundred MB of memory, since no tensor has real storage, and larger ones longer.
 
-    python -m reference_impl.memory_grid                 # the full grid into docs/data
-    python -m reference_impl.memory_grid --reduced       # the test suite's grid, in a minute
-    python -m reference_impl.memory_grid --out /tmp      # somewhere else
-    python -m reference_impl.memory_grid --only "405B"   # re-run matching rows, keep the rest
+    python -m reference_impl.calc.memory_grid                 # the full grid into docs/data
+    python -m reference_impl.calc.memory_grid --reduced       # the test suite's grid, in a minute
+    python -m reference_impl.calc.memory_grid --out /tmp      # somewhere else
+    python -m reference_impl.calc.memory_grid --only "405B"   # re-run matching rows, keep the rest
 
 The model is Llama's block without rotary embeddings (which add no parameters and, under
 `torch.compile`, no stored activations): RMSNorm, a fused bias-free q/k/v projection with
@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from reference_impl.shapes import LLAMA3_70B, LLAMA3_405B, LLAMA_7B, LLAMA_13B, Shape, fsdp2_memory, llama_params
+from reference_impl.calc.shapes import LLAMA3_70B, LLAMA3_405B, LLAMA_7B, LLAMA_13B, Shape, fsdp2_memory, llama_params
 
-COMMAND = "python -m reference_impl.memory_grid"
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "docs" / "data"
+COMMAND = "python -m reference_impl.calc.memory_grid"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data"
 
 # The tracker's category names, mapped to the calculator's outputs that predict them.
 CATEGORIES = {"Sharded Param": "sharded_params_bytes", "Unsharded Param": "unsharded_params_bytes",
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     With `--only`, the configurations whose label contains one of the given texts run and
     replace their rows in the file already there; the other rows are kept as measured.
     """
-    from reference_impl.measure import metadata
+    from reference_impl.bench.measure import metadata
 
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON file")
