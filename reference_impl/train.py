@@ -38,10 +38,8 @@ from reference_impl.distributed import (
 )
 from reference_impl.metrics import EventLog, PhaseTimer, Throughput
 from reference_impl.model import build_model, spec_of
-from reference_impl.parallel.context_parallel import SequenceShard
 from reference_impl.parallel.experts import take_stats
-from reference_impl.parallel.pipeline import build_pipeline
-from reference_impl.parallel.registry import dims_of, parallelize
+from reference_impl.parallel.registry import build_runner, dims_of, parallelize, shard_data
 from reference_impl.reliability.faults import FaultInjector, Watchdog
 from reference_impl.reliability.lifecycle import PREEMPTED_EXIT, Preemption, die_with_parent, loader_worker_init
 from reference_impl.reliability.nonfinite import NonFiniteGuard, NonFiniteLoss
@@ -65,8 +63,7 @@ def build_state(cfg: TrainConfig, ctx: DistContext, replicas: int = 1, replica: 
     shard: replica `replica` reads the data-parallel slots after those of the replicas before it.
     """
     dataset, mesh = build_dataset(cfg), dims_of(cfg, ctx.device.type)
-    if mesh.cp > 1:  # each context-parallel rank keeps its chunks of every sequence
-        dataset = SequenceShard(dataset, mesh.coordinates(ctx.rank)["cp"], mesh.cp)
+    dataset = shard_data(dataset, cfg, mesh, ctx.rank)  # under context parallel: its chunks of every sequence
     dp_rank = replica * mesh.dp_size + mesh.dp_rank(ctx.rank)
     sampler = ResumableDistributedSampler(cfg.dataset_size, world_size=mesh.dp_size * replicas, rank=dp_rank,
                                           global_batch_size=cfg.global_batch_size * replicas, seed=cfg.seed)
@@ -78,7 +75,7 @@ def build_state(cfg: TrainConfig, ctx: DistContext, replicas: int = 1, replica: 
                         generator=torch.Generator().manual_seed(cfg.seed + dp_rank),
                         worker_init_fn=loader_worker_init)
     model = parallelize(build_model(cfg), mesh, cfg, ctx)  # under pipeline parallel: this rank's stage
-    pipeline = build_pipeline(model, mesh.device_mesh["pp"], cfg, ctx.device) if mesh.pp > 1 else None
+    pipeline = build_runner(model, cfg, mesh, ctx.device) if ctx.distributed else None  # pipeline parallel's schedule
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),
                       build_scaler(cfg, ctx.device), sampler, loader, mesh, pipeline)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from reference_impl.parallel import experts
+from reference_impl.parallel import experts, registry
 from reference_impl.parallel.experts import MoE, shard_experts
 
 HIDDEN, FFN, TOKENS = 8, 16, 16  # tokens per rank
@@ -77,8 +77,9 @@ class Tiny(nn.Module):
 
 
 def gradient_sync(world_size: int) -> dict[str, Any]:
-    """Two backward passes of `Tiny` under the trainer's expert parallel (`experts.wrap`),
-    counting the all-reduces that `sync_gradients` issues; the same tokens on every rank."""
+    """Two micro-batches of `Tiny` under the trainer's expert parallel (`experts.wrap`) and
+    gradient sync (the first only accumulates, the second synchronises), counting the
+    all-reduces issued; the same tokens on every rank."""
     torch.manual_seed(0)
     model = experts.wrap(Tiny(2 * world_size), init_device_mesh("cpu", (world_size,)), None)  # type: ignore[arg-type]
     count, real = [0], dist.all_reduce
@@ -90,8 +91,9 @@ def gradient_sync(world_size: int) -> dict[str, Any]:
     dist.all_reduce = counting  # type: ignore[assignment] - the module calls it through dist
     try:
         x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(7))
-        for _ in range(2):  # two micro-batches: gradients accumulate
-            model(x).backward()
+        for micro in range(2):  # two micro-batches: gradients accumulate, the last one syncs
+            with registry.gradient_sync(model, enabled=micro == 1):
+                model(x).backward()
     finally:
         dist.all_reduce = real
     replicated = {n: p.grad for n, p in model.named_parameters() if n.split(".")[0] in ("inp", "out")}

@@ -87,15 +87,15 @@ def test_hsdp_gives_fsdp2_the_replicate_by_shard_mesh_with_shard_groups_of_neigh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from reference_impl.config import TrainConfig
-    from reference_impl.parallel.registry import dims_of
+    from reference_impl.parallel.registry import PARALLELISMS, applied, dims_of
 
     cfg = TrainConfig(strategy="fsdp", model="transformer", dp_replicate=2, world_size=4, micro_batch_size=4)
     dims = dims_of(cfg)
     assert (dims.dp_replicate, dims.dp_shard, dims.dp_size) == (2, 2, 4)
-    assert dims.used_axes == ("dp_replicate", "dp_shard") and dims.wrapped_axes == ("dp_shard",)
+    assert dims.used_axes == ("dp_replicate", "dp_shard") and applied(cfg, dims) == [PARALLELISMS["fsdp"]]
     dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
     try:
-        mesh = dims.mesh_of("dp_shard")
+        mesh = PARALLELISMS["fsdp"].mesh_of(dims)
         assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard")
         assert mesh.mesh.tolist() == [[0, 1], [2, 3]]
     finally:
@@ -111,15 +111,15 @@ def test_context_parallel_ranks_join_the_data_parallel_wrapper(strategy: str, wo
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from reference_impl.config import TrainConfig
-    from reference_impl.parallel.registry import dims_of
+    from reference_impl.parallel.registry import PARALLELISMS, applied, dims_of
 
     cfg = TrainConfig(strategy=strategy, model="transformer", cp_degree=2, world_size=world)  # type: ignore[arg-type]
     dims = dims_of(cfg)
-    assert set(dims.wrapped_axes) == {"cp", dims.data_axis} and dims.dp_size == world // 2
+    assert applied(cfg, dims) == [PARALLELISMS["cp"], PARALLELISMS[strategy]] and dims.dp_size == world // 2
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        assert dims.mesh_of("cp").mesh.tolist() == [0, 1]
-        assert dims.mesh_of(dims.data_axis).mesh.flatten().tolist() == data_ranks
+        assert PARALLELISMS["cp"].mesh_of(dims).mesh.tolist() == [0, 1]
+        assert PARALLELISMS[strategy].mesh_of(dims).mesh.flatten().tolist() == data_ranks
     finally:
         dist.destroy_process_group()
 
@@ -132,14 +132,18 @@ def test_expert_parallel_groups_are_consecutive_data_ranks(data: int) -> None:
     holding the same experts) form an ep_replicate group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from reference_impl.config import TrainConfig
+    from reference_impl.parallel.registry import PARALLELISMS, applied
+
     dims = ParallelDims(dp_replicate=data, ep=2)
+    cfg = TrainConfig(model="transformer", n_experts=4, ep_degree=2, world_size=data)
     assert dims.world_size == data and dims.ep_replicate == data // 2
     assert [dims.dp_rank(r) for r in range(data)] == list(range(data))
-    assert dims.used_axes == ("dp_replicate", "ep") and dims.wrapped_axes == ("ep",)
+    assert dims.used_axes == ("dp_replicate", "ep") and applied(cfg, dims) == [PARALLELISMS["ep"]]
     for rank in range(data):
         dist.init_process_group("fake", rank=rank, world_size=data, store=FakeStore())
         try:
-            mesh = dims.mesh_of("ep")
+            mesh = PARALLELISMS["ep"].mesh_of(dims)
             assert mesh.mesh_dim_names == ("ep_replicate", "ep")
             assert mesh["ep"].mesh.tolist() == [rank - rank % 2, rank - rank % 2 + 1]
             assert mesh["ep_replicate"].mesh.tolist() == list(range(rank % 2, data, 2))

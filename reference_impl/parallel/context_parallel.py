@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 from reference_impl.config import TrainConfig
 from reference_impl.data import Sample
 from reference_impl.model import Block, TinyTransformer
+from reference_impl.parallel.mesh import ParallelDims
 
 
 # --8<-- [start:layout]
@@ -322,8 +323,13 @@ class SequenceShard(Dataset[Sample]):
 def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     """The trainer's context parallel (`--cp-degree`): `parallelize` over the cp axis's group,
     with load-balanced chunks. The data-parallel wrapper that follows spans the cp ranks
-    too (`ParallelDims.mesh_of`) and averages their gradients."""
+    too (`data_parallel.data_mesh`) and averages their gradients."""
     return parallelize(model, mesh.get_group())
+
+
+def shard_data(dataset: Dataset[Sample], dims: ParallelDims, rank: int) -> Dataset[Sample]:
+    """What global `rank` reads under context parallel: its chunks of every sample."""
+    return SequenceShard(dataset, dims.coordinates(rank)["cp"], dims.cp)
 # --8<-- [end:parallelize]
 
 

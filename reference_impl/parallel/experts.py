@@ -25,8 +25,9 @@ In the trainer (`--n-experts E`, `--ep-degree N`) every transformer block's MLP 
 block, and `wrap` carves expert-parallel groups of `N` consecutive ranks out of the
 data-parallel ranks: every rank reads its own samples, holds `E / N` experts (the ranks at one
 position of every group hold the same ones) and the whole of everything else.
-`sync_gradients` averages the replicated parameters' gradients over all data ranks and each
-expert's over the ranks that hold it, so the step is one process's on the global batch;
+`ExpertGradients` averages the replicated parameters' gradients over all data ranks and each
+expert's over the ranks that hold it, through the trainer's gradient sync (as DDP's are), so
+the step is one process's on the global batch;
 tests/distributed/test_expert_parallel.py checks that the losses are one process's (one and
 two groups) and that a killed run resumes bit for bit.
 """
@@ -35,6 +36,8 @@ from __future__ import annotations
 
 # --8<-- [start:imports]
 import math
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -262,7 +265,8 @@ def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
     `mesh` is the 2-D (ep_replicate, ep) mesh of the data ranks (a 1-D one is all ep).
     Every MoE block keeps its slice of the experts, as DTensors sharded on dim 0 over the
     ep ranks and replicated over the ep_replicate ones (so a checkpoint saves each slice
-    once, under the whole tensor's name), and `sync_gradients` fixes the gradients.
+    once, under the whole tensor's name), and the model carries its `ExpertGradients`,
+    which `gradient_sync` runs after each backward that synchronises.
     """
     ep_mesh = mesh["ep"] if mesh.ndim > 1 else mesh
     replicas = mesh["ep_replicate"].get_group() if mesh.ndim > 1 and mesh.shape[0] > 1 else None
@@ -271,59 +275,69 @@ def wrap(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
         for name, child in list(parent.named_children()):
             if isinstance(child, MoE):
                 setattr(parent, name, _sharded_block(child, ep_mesh, mesh))
-    sync_gradients(model, ep_mesh.get_group(), data, replicas)
+    model.expert_gradients = ExpertGradients(model, ep_mesh.get_group(), data, replicas)  # type: ignore[assignment]
     return model
 
 
-# --8<-- [start:sync_gradients]
-def sync_gradients(model: nn.Module, ep_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
-                   replica_group: dist.ProcessGroup | None = None) -> None:
-    """Make the data ranks' gradients those of one process holding every expert and
+# --8<-- [start:gradient_sync]
+class ExpertGradients:
+    """Makes the data ranks' gradients those of one process holding every expert and
     training on their whole batch (the mean of the ranks' losses).
 
     Every data rank reads its own samples. The replicated parameters (everything outside
     the experts, routers included) get gradients from this rank's tokens only; they are
     averaged over `data_group`, all the data ranks, which also keeps the copies equal bit for
     bit. An expert's gradient on its rank already sums the contributions of the tokens of
-    all ep ranks of `ep_group` (all-to-all carries them back), so it is divided by ep, then
-    averaged over `replica_group`, the ranks that hold the same experts (none when the ep
-    group is all the data ranks): sum / (ep x replicas) = sum / data ranks. Each average is
-    one all-reduce of a flat buffer per backward, queued to run when the backward ends (as
-    DDP buckets), not one collective per parameter.
+    all ep ranks of `ep_group` (all-to-all carries them back), so it is divided by ep (a
+    hook on each expert's gradient), then averaged over `replica_group`, the ranks that
+    hold the same experts (none when the ep group is all the data ranks):
+    sum / (ep x replicas) = sum / data ranks. Each average is one all-reduce of a flat
+    buffer, not one collective per parameter, run by `average` once the backward is done.
     """
-    ep = dist.get_world_size(ep_group)
-    replicated = [p for p in model.parameters() if not isinstance(p, DTensor) and p.requires_grad]
-    sharded = [p for p in model.parameters() if isinstance(p, DTensor) and p.requires_grad]
-    queued = False
 
-    def average(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
-        for dtype in dict.fromkeys(g.dtype for g in grads):  # one buffer per dtype, in the same order on every rank
-            same = [g for g in grads if g.dtype == dtype]
-            flat = torch.cat([g.reshape(-1) for g in same])
-            dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
-            for g, averaged in zip(same, flat.split([g.numel() for g in same]), strict=True):
-                g.copy_(averaged.view_as(g))
-
-    def average_all() -> None:  # runs once, after the last gradient of this backward
-        nonlocal queued
-        queued = False
-        with torch.no_grad():
-            average([p.grad for p in replicated if p.grad is not None], data_group)
-            if replica_group is not None:
-                average([cast(DTensor, p.grad).to_local() for p in sharded if p.grad is not None], replica_group)
-
-    def queue_average(_: torch.Tensor) -> None:
-        nonlocal queued
-        if not queued:
-            queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(average_all)
-
-    for param in model.parameters():
-        if isinstance(param, DTensor):  # this rank's experts
+    def __init__(self, model: nn.Module, ep_group: dist.ProcessGroup, data_group: dist.ProcessGroup,
+                 replica_group: dist.ProcessGroup | None = None) -> None:
+        ep = dist.get_world_size(ep_group)
+        self.replicated = [p for p in model.parameters() if not isinstance(p, DTensor) and p.requires_grad]
+        self.sharded = [p for p in model.parameters() if isinstance(p, DTensor) and p.requires_grad]
+        self.data_group, self.replica_group = data_group, replica_group
+        for param in self.sharded:  # this rank's experts
             param.register_hook(lambda grad: grad / ep)
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(queue_average)
-# --8<-- [end:sync_gradients]
+
+    def average(self) -> None:
+        """Average the gradients the backward passes so far accumulated (see the class)."""
+        with torch.no_grad():
+            _average([p.grad for p in self.replicated if p.grad is not None], self.data_group)
+            if self.replica_group is not None:
+                _average([cast(DTensor, p.grad).to_local() for p in self.sharded if p.grad is not None],
+                         self.replica_group)
+
+
+def _average(grads: list[torch.Tensor], group: dist.ProcessGroup) -> None:
+    """Average `grads` over `group` in one all-reduce per dtype, in the same order on every rank."""
+    for dtype in dict.fromkeys(g.dtype for g in grads):
+        same = [g for g in grads if g.dtype == dtype]
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=group)
+        for g, averaged in zip(same, flat.split([g.numel() for g in same]), strict=True):
+            g.copy_(averaged.view_as(g))
+
+
+def gradient_sync(model: nn.Module, enabled: bool) -> AbstractContextManager[None] | None:
+    """Expert parallel's entry in the trainer's gradient sync (`registry.gradient_sync`):
+    around a micro-batch's forward and backward, average the gradients once the backward is
+    done when `enabled`; on the micro-batches that only accumulate, nothing (averages are
+    linear, so averaging the sum once equals averaging each part). None for a model without
+    expert parallel."""
+    gradients = getattr(model, "expert_gradients", None)
+    return _average_after(gradients) if enabled and isinstance(gradients, ExpertGradients) else None
+
+
+@contextmanager
+def _average_after(gradients: ExpertGradients) -> Iterator[None]:
+    yield  # not in a `finally`: a failed backward leaves the gradients alone
+    gradients.average()
+# --8<-- [end:gradient_sync]
 
 
 def _sharded_block(full: MoE, ep_mesh: DeviceMesh, mesh: DeviceMesh) -> MoE:

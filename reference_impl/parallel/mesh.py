@@ -120,37 +120,6 @@ class ParallelDims:
         axes = tuple(axis for axis in AXES if self.degree(axis) > 1) or (self.data_axis,)
         return (*axes, "ep") if self.ep > 1 else axes
 
-    @property
-    def hsdp(self) -> bool:
-        """FSDP2 shards over dp_shard and replicates over dp_replicate: one wrapper spans both."""
-        return self.data_axis == "dp_shard" and self.dp_replicate > 1
-
-    @property
-    def wrapped_axes(self) -> tuple[str, ...]:
-        """The used axes whose parallelism wraps the model: under HSDP dp_replicate has none
-        of its own (the FSDP2 wrapper of dp_shard spans it)."""
-        axes = tuple(axis for axis in self.used_axes if not (self.hsdp and axis == "dp_replicate"))
-        if self.ep > 1:  # its wrapper averages the gradients over the data ranks in place of DDP's
-            axes = tuple(axis for axis in axes if axis != self.data_axis)
-        if self.cp > 1 and self.data_axis not in axes:  # its wrapper averages the cp ranks' gradients
-            axes = (*axes, self.data_axis)
-        return axes
-
-    def mesh_of(self, axis: str) -> DeviceMesh:
-        """The mesh the parallelism of `axis` spans: under HSDP, dp_shard's is the 2-D
-        (dp_replicate, dp_shard) mesh, which `fully_shard` treats as shard-within-replicate.
-        Under context parallel the data axis's is the data and cp ranks as one flat axis:
-        the ranks of a cp group train on different tokens of the same samples, so the
-        data-parallel wrapper averages their gradients as it does the data shards'.
-        Under expert parallel ep's is the 2-D (ep_replicate, ep) mesh of the data ranks."""
-        if self.ep > 1 and axis == "ep":
-            return self.device_mesh[EP_AXES]
-        if self.hsdp and axis == "dp_shard":
-            return self.device_mesh["dp_replicate", "dp_shard"]
-        if self.cp > 1 and axis == self.data_axis:
-            return self.device_mesh[axis, "cp"]._flatten() if self.degree(axis) > 1 else self.device_mesh["cp"]
-        return self.device_mesh[axis]
-
     def group(self, axis: str) -> ProcessGroup | None:
         """The process group of `axis` (one of `AXES` or `EP_AXES`) that this rank belongs
         to; None when it spans one rank."""

@@ -128,14 +128,15 @@ def test_all_to_all_bytes_equal_the_calculator(ranks: tuple[int, list[dict[str, 
         assert saved[rank][case]["dropped"] == 0
 
 
-def test_replicated_gradients_are_averaged_by_one_all_reduce_per_backward(
+def test_replicated_gradients_are_averaged_by_one_all_reduce_per_synchronised_step(
         ranks: tuple[int, list[dict[str, Any]]]) -> None:
-    """`sync_gradients` averages every parameter outside the experts (here 4 of them, and
-    the router) in one flat all-reduce queued for the end of each backward, as DDP's
-    buckets do, not one collective per parameter; the replicas stay equal bit for bit."""
+    """Expert parallel's gradient sync averages every parameter outside the experts (here 4
+    of them, and the router) in one flat all-reduce after the backward of the micro-batch
+    that synchronises, none on the one that only accumulates (as DDP's `no_sync`), not one
+    collective per parameter; the replicas stay equal bit for bit."""
     _, saved = ranks
     syncs = [rank["gradient_sync"] for rank in saved]
-    assert [s["all_reduces"] for s in syncs] == [2] * len(saved), "two backward passes, one all-reduce each"
+    assert [s["all_reduces"] for s in syncs] == [1] * len(saved), "one synchronised micro-batch, one all-reduce"
     for s in syncs[1:]:
         assert s["replicated"].keys() == syncs[0]["replicated"].keys() and len(s["replicated"]) == 4
         for name, grad in s["replicated"].items():

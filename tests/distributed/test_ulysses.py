@@ -19,7 +19,7 @@ from launch import free_port, python_module, run_ranks, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.parallel.context_parallel import ring_attention
 from reference_impl.model import TinyTransformer
-from reference_impl.parallel.registry import PARALLELISMS
+from reference_impl.parallel.registry import chosen
 from reference_impl.parallel.ulysses import sequence_order, ulysses_attention, ulysses_bytes_per_layer
 from sample_logs import losses
 from test_context_parallel import TOL, TRAIN
@@ -82,11 +82,12 @@ class _GroupOnly:
 
 
 def test_cp_style_picks_the_attention_of_every_block() -> None:
-    """The trainer's cp registry entry gives every block the attention `--cp-style` names."""
+    """`--cp-style` chooses the registry entry that gives every block its attention."""
     for style, attention in (("ring", ring_attention), ("ulysses", ulysses_attention)):
         cfg = TrainConfig(model="transformer", cp_degree=2, cp_style=style, world_size=2)  # type: ignore[arg-type]
         model = TinyTransformer(vocab_size=8, seq_len=8, d_model=8, n_layers=2, n_heads=2, hidden_dim=8, dropout=0.0)
-        PARALLELISMS["cp"].wrap(model, _GroupOnly(), cfg)  # type: ignore[arg-type]
+        [entry] = [p for p in chosen(cfg) if p.axis == "cp"]
+        entry.wrap(model, _GroupOnly(), cfg)  # type: ignore[arg-type]
         assert [block.attention.func for block in model.blocks] == [attention, attention], style
 
 
