@@ -18,9 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from reference_impl.config import TrainConfig
-
 # --8<-- [end:imports]
+from reference_impl.config import TrainConfig
 from reference_impl.parallel import context_parallel
 from reference_impl.parallel.experts import AllToAll
 
