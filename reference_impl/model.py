@@ -109,7 +109,7 @@ class TinyTransformer(nn.Module):
         not 0..t-1 (a context-parallel rank's slice)."""
         x = self.embed(tokens) + (self.pos[: tokens.shape[1]] if positions is None else self.pos[positions])
         x = run_blocks(self.blocks, x, recompute=self.checkpoint_blocks and self.training)
-        return self.head(self.norm(x))  # a view of a 2-D matmul: see parallel.fsdp
+        return self.head(self.norm(x))  # a view of a 2-D matmul: see parallel.data_parallel.fsdp
 # --8<-- [end:transformer]
 
 

@@ -7,18 +7,18 @@ world size and rank layout; the mode does the arithmetic). So a snippet runs as 
 with every shape at 64, in seconds, and each rank's result is compared with one device.
 
 Run here, each rank within 1e-6 of one device:
-- `model.py:tp_plan` applied by `tensor_parallel.py:apply_plan` (tensor parallel with
+- `model.py:tp_plan` applied by `parallel/tensor_parallel.py:apply_plan` (tensor parallel with
   sequence-parallel norms, on the parallelism page): logits and every gradient.
-- `mesh.py:axes` through `ParallelDims` and the `parallel.py:registry` entry for tensor
+- `parallel/mesh.py:axes` through `ParallelDims` and the `parallel/registry.py:registry` entry for tensor
   parallel: on a 2 x 4 (data x tensor) mesh each tensor-parallel group reads one data shard.
 - The collectives the pages rely on: all-reduce (sum and the mean that
   `notebook.py:resume_loop` logs), and an all-reduce as a reduce-scatter plus an all-gather.
 
 Kept on gloo processes, because they cannot run under LocalTensorMode in torch 2.13:
-- FSDP2 (`parallel.py:data_parallel`'s `fsdp`): `fully_shard` fails with "resize_() on an
+- FSDP2 (`parallel/data_parallel.py:data_parallel`'s `fsdp`): `fully_shard` fails with "resize_() on an
   invalid python storage" (pinned below); tests/distributed/test_fsdp.py and
   tests/distributed/test_eight_ranks.py prove it on real ranks.
-- DDP (`parallel.py:data_parallel`'s `ddp`, `interview_core.py`, `notebook.py:model`, the
+- DDP (`parallel/data_parallel.py:data_parallel`'s `ddp`, `interview_core.py`, `notebook.py:model`, the
   accumulation pitfall in `counterexamples.py`): DDP's C++ reducer needs real storage ("its
   data is not allocated yet", pinned below); tests/distributed/test_ddp.py.
 - `debug_demos.py:mismatch` and `:stuck`: their bug is one process differing from the
@@ -42,9 +42,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from reference_impl.parallel import registry as parallel, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.model import build_model, loss_fn
+from reference_impl.parallel import data_parallel, tensor_parallel
+from reference_impl.parallel import registry as parallel
 
 WORLD = 8
 TOL = 1e-6
@@ -169,14 +170,14 @@ def test_all_reduce_equals_one_device_and_a_reduce_scatter_plus_all_gather(
 
 def _fsdp2(model: nn.Module, cfg: TrainConfig) -> None:
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp_shard",))
-    parallel.fsdp(model, mesh, cfg)
+    data_parallel.fsdp(model, mesh, cfg)
     # It fails where FSDP2 frees the gathered parameters: here, after the root's backward.
     model(torch.zeros(1, cfg.input_dim)).sum().backward()
 
 
 def _ddp(model: nn.Module, cfg: TrainConfig) -> None:
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("dp_replicate",))
-    parallel.ddp(model, mesh, cfg)
+    data_parallel.ddp(model, mesh, cfg)
 
 
 @pytest.mark.parametrize(("wrap", "error"), [(_fsdp2, "resize_"), (_ddp, "data is not allocated")],

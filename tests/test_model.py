@@ -71,9 +71,9 @@ def test_flops_per_sample_under_moe_counts_the_experts_a_token_visits(n_experts:
 
 def test_the_logits_are_not_copied_outside_fsdp2() -> None:
     """The output projection's result is returned as it is (a view of one matmul's output);
-    only FSDP2's root, which warns on a view, copies it (`parallel.own_tensor`, checked by
+    only FSDP2's root, which warns on a view, copies it (`data_parallel.own_tensor`, checked by
     `tests/distributed/test_fsdp.py::test_the_root_module_returns_no_view_so_fsdp_does_not_warn`)."""
-    from reference_impl.parallel.registry import own_tensor
+    from reference_impl.parallel.data_parallel import own_tensor
 
     cfg = TrainConfig(model="transformer")
     x, _, _ = torch.utils.data.default_collate([build_dataset(cfg)[i] for i in range(4)])

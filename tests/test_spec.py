@@ -19,11 +19,12 @@ from torch.distributed.fsdp import FSDPModule
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from reference_impl import model as models
-from reference_impl.parallel import pipeline, registry as parallel, tensor_parallel
 from reference_impl.config import TrainConfig
 from reference_impl.distributed import DistContext
 from reference_impl.model import MLP_SPEC, TRANSFORMER_SPEC, build_model
 from reference_impl.options.capabilities import MODEL_CAPABILITIES
+from reference_impl.parallel import data_parallel, pipeline, tensor_parallel
+from reference_impl.parallel import registry as parallel
 from reference_impl.spec import ModelSpec
 
 
@@ -65,7 +66,7 @@ def mesh() -> Iterator[DeviceMesh]:
 
 
 def test_fsdp_shards_the_units_the_spec_names(tower_cfg: TrainConfig, mesh: DeviceMesh) -> None:
-    model = parallel.fsdp(build_model(tower_cfg), mesh, tower_cfg)
+    model = data_parallel.fsdp(build_model(tower_cfg), mesh, tower_cfg)
     assert all(isinstance(floor, FSDPModule) for floor in model.get_submodule("floors").children())
     assert isinstance(model, FSDPModule) and not isinstance(model.get_submodule("stem"), FSDPModule)
 

@@ -175,7 +175,7 @@ def test_same_config_same_digest_other_seed_other_digest(trained: Callable[[str]
 
 
 def test_ddp_gradients_are_views_into_its_all_reduce_buckets() -> None:
-    """`parallel.ddp` keeps one copy of the gradients: each is a view into a bucket, so DDP
+    """`data_parallel.ddp` keeps one copy of the gradients: each is a view into a bucket, so DDP
     launches no per-parameter copy into the bucket and back (host time that a GPU profile
     of small batches found in every step). A real one-rank gloo group, in this process."""
     import torch.distributed as dist
@@ -183,7 +183,7 @@ def test_ddp_gradients_are_views_into_its_all_reduce_buckets() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from reference_impl.config import TrainConfig
-    from reference_impl.parallel.registry import ddp
+    from reference_impl.parallel.data_parallel import ddp
 
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
