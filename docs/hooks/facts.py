@@ -3,9 +3,10 @@
 `{{ fact.NAME }}` on a page becomes the value of `FACTS[NAME]`, read at build time from
 where the fact lives: the package's code (cell and line counts, the checksum algorithm, the
 parallelisms and mesh axes, flags' choices), the committed benchmark runs
-(`docs/data/*.json`), the pages that number a series (drills, pitfalls), and, for the few
-facts no code knows, `docs/hooks/facts.json`. `{{ fact.NAME:word }}` writes a count of
-twelve or less as a word, `:Word` capitalised, for a sentence's start. An unknown name, or
+(`docs/data/*.json`), the calculators (a worked checkpoint interval), the pages that number
+a series (drills, pitfalls), and, for the few facts no code knows, `docs/hooks/facts.json`.
+`{{ fact.NAME:word }}` writes a count of twelve or less as a word, `:Word` capitalised, for a
+sentence's start. An unknown name, or
 anything shaped like a placeholder that is not one, stops the build with a `ValueError`
 that names the page and lists the known names; so does a placeholder left in a page's HTML
 (a Markdown file included by a snippet after this hook ran).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,10 +134,36 @@ def _matmul_ceiling() -> str:
     return f"{2 * case['k'] ** 3 / (case['ms']['matmul bf16'] / 1e3) / 1e12:.0f}"
 
 
-def _known_elsewhere(name: str) -> Callable[[], Value]:
-    def value() -> Value:
-        return json.loads(KNOWN_ELSEWHERE.read_text(encoding="utf-8"))[name]["value"]
+def _known(name: str) -> Value:
+    """A fact from `facts.json`, where each one is `{"value": ..., "why": ...}`.
+
+    Raises:
+        ValueError: The file has no whole number or text for that name.
+    """
+    entry = json.loads(KNOWN_ELSEWHERE.read_text(encoding="utf-8")).get(name)
+    value = entry.get("value") if isinstance(entry, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{KNOWN_ELSEWHERE.name}: {name!r} has no value (a whole number or text)")
     return value
+
+
+def _known_count(name: str) -> int:
+    value = _known(name)
+    if not isinstance(value, int):
+        raise ValueError(f"{KNOWN_ELSEWHERE.name}: {name!r} must be a whole number (got {value!r})")
+    return value
+
+
+def _llama3_mtbf_h() -> float:
+    """Llama 3's job MTBF in hours: the reported period over its unexpected interruptions."""
+    return _known_count("llama3_days") * 24 / _known_count("llama3_unexpected_interruptions")
+
+
+def _young(save: str) -> dict[str, float]:
+    """`calc.checkpoint_interval` at Llama 3's job MTBF for one of the worked example's save times."""
+    from reference_impl import calc
+
+    return calc.checkpoint_interval(checkpoint_cost_s=_known_count(save), mtbf_s=_llama3_mtbf_h() * 3600)
 
 
 FACTS: dict[str, Callable[[], Value]] = {
@@ -166,14 +194,22 @@ FACTS: dict[str, Callable[[], Value]] = {
     "matmul_ceiling_tflops": _matmul_ceiling,
     "fp8_matmul_speedup_largest": lambda: f"{_fp8_largest()['matmul_speedup']:.2f}x",
     "fp8_compiled_speedup_largest": lambda: f"{_fp8_largest()['layer_speedup_compiled']:.2f}x",
-    # What no code knows: the interview's clock.
-    "interview_minutes": _known_elsewhere("interview_minutes"),
-    "core_minutes": _known_elsewhere("core_minutes"),
+    # Young's checkpoint interval at Llama 3's failure rate, worked by `calc.checkpoint_interval`.
+    "llama3_job_mtbf_h": lambda: f"{_llama3_mtbf_h():.2f}",
+    "young_minutes": lambda: f"{_young('worked_save_s')['young_interval_s'] / 60:.1f}",
+    "young_overhead": lambda: f"{_young('worked_save_s')['young_overhead_fraction']:.1%}",
+    "async_young_minutes": lambda: f"{_young('worked_async_save_s')['young_interval_s'] / 60:.1f}",
+    "async_young_overhead": lambda: f"{_young('worked_async_save_s')['young_overhead_fraction']:.1%}",
+    # What no code knows: the interview's clock, a published failure count, assumed save times.
+    **{name: partial(_known, name) for name in ("interview_minutes", "core_minutes", "llama3_unexpected_interruptions",
+                                                "llama3_days", "worked_save_s", "worked_async_save_s")},
 }
 
 # The shapes in which pages state a fact in words: a group named after a fact captures the
 # value a page gives (one group per fact in a shape; another wording is another shape). A count
 # may be written in digits or as a word; `(?i)` where a sentence may start with the statement.
+# A space outside a character class matches any run of whitespace, a line break and the next
+# line's indent included, as Markdown reads a paragraph (`shapes()` compiles them so).
 NUMBER = r"\d[\d,]*|" + "|".join(WORDS[1:])
 STATED: tuple[str, ...] = (
     rf"(?i)full trainer in (?P<walkthrough_cells>{NUMBER}) cells",
@@ -181,7 +217,7 @@ STATED: tuple[str, ...] = (
     rf"interview core in (?P<core_cells>{NUMBER}) cells",
     rf"(?i)(?:type all|shows it as) (?P<core_cells>{NUMBER}) cells",
     rf"(?P<core_cells>{NUMBER}) cells, \d+ lines of torch",
-    rf"(?<!at most )(?P<core_lines>{NUMBER})\s+lines of torch",
+    rf"(?P<core_lines>{NUMBER}) lines of torch",  # not "at most 150 lines", the core's limit
     rf"- (?P<core_lines>{NUMBER}) lines, the standard library and torch only",
     rf"(?i)\b(?P<drills>{NUMBER}) (?:timed )?drills\b",
     rf"(?i)\b(?P<pitfalls>{NUMBER}) (?:pitfalls|tempting mistakes|mistakes that look reasonable)\b",
@@ -208,14 +244,33 @@ STATED: tuple[str, ...] = (
     r"\[(?P<bench_model_eager_mfu>\d+\.\d%) MFU\]\(",
     r"(?P<matmul_ceiling_tflops>\d+) TFLOP/s(?:,| matmul ceiling| the largest bf16 matmul|, not 989| is read)",
     r"(?P<fp8_matmul_speedup_largest>\d+\.\d+x) at 8,192(?:, where|;|\.)",
-    r"(?P<fp8_compiled_speedup_largest>\d+\.\d+x) at 8,192\)",
+    r"from K = 4,096 \((?P<fp8_compiled_speedup_largest>\d+\.\d+x) at 8,192\)",
     r"by (?P<fp8_compiled_speedup_largest>\d+\.\d+x) at 8,192",
     r"(?i)(?P<interview_minutes>\d+)-minute\s+\[?(?:plan|interview|time plan)",
     r"(?i)time[ -]plan[ -]for[ -](?P<interview_minutes>\d+)[ -]minutes",  # the heading, and links to it
     r"types in (?P<interview_minutes>\d+) minutes",
     r"lines of torch,? (?:you can type in )?(?P<core_minutes>\d+)\s+minutes",
+    r"(?P<llama3_unexpected_interruptions>\d+) (?:unexpected|unplanned) interruptions in (?:a )?(?P<llama3_days>\d+)"
+    r"(?:-day|\s+days)",
+    r"interruptions in (?P<llama3_days>\d+) days on 16,384",
+    r"(?i)MTBF[:=]\s*(?P<llama3_job_mtbf_h>[\d.]+) h\b",
+    r"days \((?P<llama3_job_mtbf_h>[\d.]+) h\) and a (?P<worked_save_s>\d+) s blocking save",
+    r"(?P<worked_save_s>\d+)-second save and a (?P<llama3_job_mtbf_h>[\d.]+)-hour job MTBF",
+    r"(?P<young_minutes>[\d.]+) min at C=(?P<worked_save_s>\d+) s",
+    r"about every (?P<young_minutes>[\d.]+) minutes at (?P<young_overhead>[\d.]+%) overhead",
+    r"and about (?P<young_minutes>[\d.]+) minutes, each within",
+    r"async saving \((?P<worked_async_save_s>\d+) s blocking\) moves it to (?P<async_young_minutes>[\d.]+) minutes and"
+    r" (?P<async_young_overhead>[\d.]+%)",
+    r"\(above, (?P<worked_save_s>\d+) s → (?P<worked_async_save_s>\d+) s: (?P<young_overhead>[\d.]+%) → "
+    r"(?P<async_young_overhead>[\d.]+%)\)",
     r"and 30–(?P<core_minutes>\d+)\.",
 )
+
+
+def shapes() -> tuple[re.Pattern[str], ...]:
+    """`STATED`, compiled, each bare space matching any whitespace."""
+    spaced = re.compile(r"(\[(?:\\.|[^\]])*\])| ")  # a character class is kept as written
+    return tuple(re.compile(spaced.sub(lambda m: m[1] or r"\s+", shape)) for shape in STATED)
 
 
 def fact(name: str) -> Value:

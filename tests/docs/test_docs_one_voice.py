@@ -56,8 +56,8 @@ def _statements() -> dict[str, list[tuple[str, str]]]:
     found: dict[str, dict[tuple[str, int], str]] = {name: {} for name in facts.FACTS}
     for path in support.markdown_files():
         text = _prose(path)
-        for shape in facts.STATED:
-            for m in re.finditer(shape, text):
+        for shape in facts.shapes():
+            for m in shape.finditer(text):
                 for name, said in m.groupdict().items():
                     if said is not None:  # two shapes may find one statement: keyed by its place
                         line = text.count("\n", 0, m.start(name)) + 1
@@ -67,9 +67,17 @@ def _statements() -> dict[str, list[tuple[str, str]]]:
 
 def test_every_statement_shape_names_registered_facts_and_every_fact_has_one() -> None:
     """A shape's groups are fact names; a fact without a shape could drift unseen."""
-    named = {name for shape in facts.STATED for name in re.compile(shape).groupindex}
+    named = {name for shape in facts.shapes() for name in shape.groupindex}
     assert named <= set(facts.FACTS), f"shapes name no fact: {sorted(named - set(facts.FACTS))}"
     assert set(facts.FACTS) <= named, f"facts no shape finds on a page: {sorted(set(facts.FACTS) - named)}"
+
+
+def test_every_fact_in_the_data_file_is_registered_and_says_why() -> None:
+    """`docs/hooks/facts.json` holds only facts the hook serves, each with the reason no code
+    can give it."""
+    known = json.loads(facts.KNOWN_ELSEWHERE.read_text(encoding="utf-8"))
+    assert set(known) <= set(facts.FACTS), sorted(set(known) - set(facts.FACTS))
+    assert all(isinstance(entry, dict) and entry.get("why") for entry in known.values())
 
 
 @pytest.mark.parametrize("name", list(facts.FACTS))
@@ -131,6 +139,23 @@ def test_braces_that_are_no_placeholder_pass_through() -> None:
     as they are."""
     text = 'A{{hexagon}} --> B\nf"{{x}}" and {{ page.title }}'
     assert facts.expand(text) == text
+
+
+def test_the_worked_checkpoint_interval_prints_what_the_pages_state() -> None:
+    """The checkpointing page works Young's interval in an executed block, whose printed output
+    the code-block tests compare with a run: its inputs are `facts.json`'s, and the MTBF,
+    intervals and overheads it prints are the facts other pages state, computed by `calc`."""
+    page = (support.DOCS / "reliability" / "checkpointing.md").read_text(encoding="utf-8")
+    printed = page[page.index("\njob MTBF: "):].split("```")[0]
+    inputs = (f"mtbf_h = {facts.fact('llama3_days')} * 24 / {facts.fact('llama3_unexpected_interruptions')}",
+              f"for C in ({facts.fact('worked_save_s')}.0, {facts.fact('worked_async_save_s')}.0):")
+    assert all(line in page for line in inputs), inputs
+    assert f"job MTBF: {facts.fact('llama3_job_mtbf_h')} h" in printed, printed
+    for save, minutes, overhead in (("worked_save_s", "young_minutes", "young_overhead"),
+                                    ("worked_async_save_s", "async_young_minutes", "async_young_overhead")):
+        line = (rf"C = +{facts.fact(save)} s: interval \d+ s \({re.escape(str(facts.fact(minutes)))} min\), "
+                rf"overhead {re.escape(str(facts.fact(overhead)))}\n")
+        assert re.search(line, printed), (line, printed)
 
 
 def _numbers_in_data() -> set[int]:
