@@ -250,6 +250,7 @@ STATED: tuple[str, ...] = (
     r"(?i)time[ -]plan[ -]for[ -](?P<interview_minutes>\d+)[ -]minutes",  # the heading, and links to it
     r"types in (?P<interview_minutes>\d+) minutes",
     r"lines of torch,? (?:you can type in )?(?P<core_minutes>\d+)\s+minutes",
+    r"and 30–(?P<core_minutes>\d+)\.",
     r"(?P<llama3_unexpected_interruptions>\d+) (?:unexpected|unplanned) interruptions in (?:a )?(?P<llama3_days>\d+)"
     r"(?:-day|\s+days)",
     r"interruptions in (?P<llama3_days>\d+) days on 16,384",
@@ -263,7 +264,6 @@ STATED: tuple[str, ...] = (
     r" (?P<async_young_overhead>[\d.]+%)",
     r"\(above, (?P<worked_save_s>\d+) s → (?P<worked_async_save_s>\d+) s: (?P<young_overhead>[\d.]+%) → "
     r"(?P<async_young_overhead>[\d.]+%)\)",
-    r"and 30–(?P<core_minutes>\d+)\.",
 )
 
 
