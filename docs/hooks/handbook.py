@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 from typing import Any
 
+from facts import expand  # docs/hooks/facts.py: MkDocs puts a hook's folder on the path
 from mkdocs.utils.meta import get_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,7 +234,7 @@ def question_bank() -> list[dict[str, Any]]:
     """Every hard question with its answer (Markdown), topic, page and the tests it cites."""
     bank = []
     for page in QUESTION_PAGES:
-        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        text = expand((ROOT / "docs" / page).read_text(encoding="utf-8"))  # a card shows facts, not placeholders
         for m in QUESTION.finditer(text):
             topics = re.findall(r"^## (.+)$", text[:m.start()], re.M)
             body = "\n".join(line[4:] for line in m["body"].splitlines()).strip()

@@ -6,12 +6,12 @@ Their registry entries (`reference_impl.parallel.registry`) apply them last, aft
 on different tokens of the same samples, so their gradients are averaged alike.
 """
 
+# --8<-- [start:imports]
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
-# --8<-- [start:imports]
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -52,21 +52,27 @@ def own_tensor(module: nn.Module, args: object, output: object) -> object:
     return output.clone() if isinstance(output, torch.Tensor) and output._is_view() else output
 
 
-def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
-    """Shard every parameter over `mesh` with FSDP2 (`fully_shard`). A 2-D mesh
-    (dp_replicate, dp_shard) makes it HSDP: shards within each replica group, gradients
-    reduce-scattered there and all-reduced across the groups."""
+def shard(model: nn.Module, units: Iterable[nn.Module], mesh: DeviceMesh, bf16: bool) -> nn.Module:
+    """Shard every parameter over `mesh` with FSDP2 (`fully_shard`), each of `units` (a
+    transformer's blocks) as a group of its own. A 2-D mesh (dp_replicate, dp_shard) makes
+    it HSDP: shards within each replica group, gradients reduce-scattered there and
+    all-reduced across the groups."""
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if cfg.precision == "bf16" else MixedPrecisionPolicy()
-    # Shard each repeated unit (a transformer's blocks) first so its parameters are gathered
-    # just before use and freed right after; the root call then covers the leftovers
-    # (embeddings, head).
-    for unit in spec_of(cfg).repeated_units(model):
+        if bf16 else MixedPrecisionPolicy()
+    # Shard each repeated unit first so its parameters are gathered just before use and
+    # freed right after; the root call then covers the leftovers (embeddings, head).
+    for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     model.register_forward_hook(own_tensor)  # before fully_shard's, so FSDP2 sees the copy
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 # --8<-- [end:data_parallel]
+
+
+def fsdp(model: nn.Module, mesh: DeviceMesh, cfg: TrainConfig) -> nn.Module:
+    """FSDP2 as the registry applies it: `shard` over the repeated units the model's spec
+    names, in bf16 with fp32 gradient reduction under `--precision bf16`."""
+    return shard(model, spec_of(cfg).repeated_units(model), mesh, bf16=cfg.precision == "bf16")
 
 
 def wraps(axis: str, dims: ParallelDims) -> bool:
@@ -76,7 +82,7 @@ def wraps(axis: str, dims: ParallelDims) -> bool:
     return dims.data_axis == axis and dims.ep == 1 and (axis in dims.used_axes or dims.cp > 1)
 
 
-def hsdp(dims: ParallelDims) -> bool:
+def _hsdp(dims: ParallelDims) -> bool:
     """FSDP2 shards over dp_shard and replicates over dp_replicate: one wrapper spans both."""
     return dims.data_axis == "dp_shard" and dims.dp_replicate > 1
 
@@ -88,7 +94,7 @@ def data_mesh(dims: ParallelDims) -> DeviceMesh:
     different tokens of the same samples, so their gradients are averaged as the data
     shards' are); else the data axis."""
     axis, mesh = dims.data_axis, dims.device_mesh
-    if hsdp(dims):
+    if _hsdp(dims):
         return mesh["dp_replicate", "dp_shard"]
     if dims.cp > 1:
         return mesh[axis, "cp"]._flatten() if dims.degree(axis) > 1 else mesh["cp"]

@@ -14,6 +14,7 @@ import pytest
 import handbook_docs_support as support
 
 sys.path.insert(0, str(support.DOCS / "hooks"))
+import facts  # noqa: E402
 import handbook  # noqa: E402
 
 pytestmark = pytest.mark.docs
@@ -38,7 +39,7 @@ def _questions_under_headings() -> list[tuple[str, str, str]]:
     found = []
     for page in handbook.QUESTION_PAGES:
         heading = ""
-        for line in (support.DOCS / page).read_text(encoding="utf-8").splitlines():
+        for line in facts.expand((support.DOCS / page).read_text(encoding="utf-8")).splitlines():
             if line.startswith("## "):
                 heading = line[3:].strip()
             elif line.startswith('??? question "') and line.endswith('"'):
