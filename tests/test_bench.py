@@ -14,16 +14,17 @@ import json
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 
 import launch
 import pytest
 import torch
 
-from reference_impl.bench import BENCHMARKS, BenchmarkError, recovery_times
+from reference_impl.bench import BENCHMARKS, BenchmarkError, goodput, recovery_times
 from reference_impl.bench import main as bench_main
 from reference_impl.bench.common import median_interval
-from reference_impl.bench.goodput import Kill, account
+from reference_impl.bench.goodput import FaultyRun, Kill, account
 from reference_impl.config import TrainConfig
 from reference_impl.model import build_model
 
@@ -368,16 +369,34 @@ def test_goodput_accounting_cuts_wall_time_four_ways() -> None:
     assert got.step_times == pytest.approx([1.0] * 6) and got.save_times == pytest.approx([0.5, 0.5])
 
 
+def test_a_faulty_run_that_closes_its_output_but_lingers_ends_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for the launcher's exit is bounded too: before, it ended in a TimeoutExpired
+    traceback instead of the benchmark's one line."""
+    monkeypatch.setattr(goodput, "EXIT_GRACE_S", 0.5)
+    lingering = [sys.executable, "-c", "import os, time; os.close(1); time.sleep(60)"]
+    faulty = FaultyRun(lingering, 1.0, 0.0, random.Random(0), timeout_s=60, max_steps=1)
+    with pytest.raises(BenchmarkError, match="closed its output but did not exit within 0.5 s after 0 kills"):
+        faulty.run()  # the child sleeps a minute: only the bound can end the wait this soon
+
+
+# The fault process's first draw is its first arrival, in MTBFs after the job starts: seed 31
+# draws 0.0124, so the first kill comes 25 ms into a 2 s MTBF, long before the job can end on
+# any machine (the run is sized from a calibration run to last about an MTBF or more). The
+# arrivals after it are the Poisson process the benchmark always uses.
+FIRST_KILL_SEED, GOODPUT_MTBF_S = 31, 2.0
+
+
 @pytest.mark.slow
 def test_goodput_bench_kills_ranks_and_loses_nothing() -> None:
-    """A few SIGKILLs of random ranks (a restore hit half the time) under torchrun: the final state
+    """SIGKILLs of random ranks (a restore hit half the time) under torchrun: the final state
     equals the uninterrupted run's, every failure is filed, and the shares of wall time add up.
-    Three failures are expected while the job computes (a Poisson count: with two expected, one
-    run in 7 sees none, as one CI run did; with three, one in 20), each followed by two restarts on average
-    (half of them killed again in their restore); every restart starts fresh interpreters, so
-    the number of kills, not of steps, sets what the test costs."""
-    run = launch.python_module(["goodput", "--failures", "3", "--mtbf-s", "2", "--restore-kills", "0.5",
-                                "--timeout-s", "400"], timeout=600, module="reference_impl.bench")
+    The seed makes the first kill certain (left to chance, a Poisson count with three expected
+    is zero in one run of 20, which failed CI runs); one more is expected while the job computes. Every restart starts
+    fresh interpreters, so the number of kills, not of steps, sets what the test costs."""
+    assert random.Random(FIRST_KILL_SEED).expovariate(1 / GOODPUT_MTBF_S) < 0.02 * GOODPUT_MTBF_S
+    run = launch.python_module(["goodput", "--failures", "1", "--mtbf-s", str(GOODPUT_MTBF_S),
+                                "--restore-kills", "0.5", "--fault-seed", str(FIRST_KILL_SEED), "--timeout-s", "400"],
+                               timeout=600, module="reference_impl.bench")
     result = last_json(run, "goodput")
     assert result["digest_equal"] is True and result["state_digest"] == result["reference_digest"]
     assert result["failures"] >= 1

@@ -33,6 +33,7 @@ from reference_impl.config import ConfigError, TrainConfig
 from reference_impl.launch import kill_tree, parse_events, torchrun_command
 
 STALL_S = 180.0  # no event from the job for this long: it is stuck, and the run fails
+EXIT_GRACE_S = 60.0  # torchrun closed its output: the longest it may take to exit
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,7 +104,10 @@ def worker_pids(launcher: int) -> dict[int, int]:
 
 
 class FaultyRun:
-    """Run the trainer under torchrun and kill random ranks at random moments; bounded in time."""
+    """Run the trainer under torchrun and kill random ranks at random moments; bounded in time.
+
+    The first draw from `rng` is the first arrival: seconds after attempt 0's `run_start`.
+    """
 
     def __init__(self, cmd: Sequence[str], mtbf_s: float, restore_kills: float, rng: random.Random,
                  timeout_s: float, max_steps: int) -> None:
@@ -182,7 +186,11 @@ class FaultyRun:
                             deadline = event[0]["time"] + self.rng.expovariate(1 / self.mtbf_s)
                 if deadline is not None and time.time() >= deadline and self._kill(proc, attempt, "up"):
                     deadline = None  # else no rank was found alive: try again at once
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                raise BenchmarkError(f"the faulty run closed its output but did not exit within {EXIT_GRACE_S:g} s "
+                                     f"after {len(self.kills)} kills") from None
         except BaseException:
             kill_tree(proc)
             raise
