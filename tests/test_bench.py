@@ -293,10 +293,35 @@ def test_the_relaunch_under_torchrun_passes_a_command_line_torchrun_accepts() ->
     from reference_impl.bench import _without_nproc
     from reference_impl.launch import torchrun_command
 
-    argv = ["gpu", "--nproc", "1", "--rounds", "1", "--nproc=1", "--compile"]
+    argv = ["gpu", "--nproc", "1", "--rounds", "1", "--nproc=1", "--launch-timeout-s", "9", "--compile",
+            "--launch-timeout-s=9"]
     command = torchrun_command(1, "reference_impl.bench", _without_nproc(argv))
     parsed = get_args_parser().parse_args(command[3:])  # after `python -m torch.distributed.run`
     assert parsed.training_script_args == ["gpu", "--rounds", "1", "--compile"]
+
+
+@pytest.mark.timeout(180)
+def test_a_relaunched_job_past_its_deadline_is_killed_and_ends_in_one_line() -> None:
+    """`bench async` relaunches itself under torchrun; with a deadline shorter than its ranks
+    take to start, the launcher kills the job and every process it started, and says so in
+    one line (no traceback, no rank left behind)."""
+    marker = "917263"  # a seed no other job uses: finds the job's processes in /proc
+    run = launch.python_module(["async", "--launch-timeout-s", "1", "--rounds", "1", "--seed", marker],
+                               timeout=150, module="reference_impl.bench")
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == ("reference_impl.bench async: failed: the torchrun job did not "
+                                                   "end within --launch-timeout-s 1; it and every process it "
+                                                   "started were killed"), run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if b"reference_impl.bench" in argv and marker.encode() in argv:
+            left.append(entry.name)
+    assert not left, f"processes of the killed job still run: {left}"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None and importlib.util.find_spec("lightning")

@@ -48,8 +48,14 @@ from reference_impl.bench import (  # noqa: F401,E501
 from reference_impl.bench.checkpoint import recovery_times
 from reference_impl.bench.common import BENCHMARKS, Benchmark, BenchmarkError, benchmark, positive_int, report
 from reference_impl.config import ConfigError, TrainConfig
-from reference_impl.launch import torchrun_command
+from reference_impl.launch import kill_tree, torchrun_command
 from reference_impl.train import preflight
+
+# A relaunched torchrun job's deadline unless --launch-timeout-s says otherwise: above the
+# longest published run here (the 255-failure goodput run, 77 minutes), so it only ends a
+# job that hangs.
+LAUNCH_TIMEOUT_S = 4 * 3600
+LAUNCHER_FLAGS = ("--nproc", "--launch-timeout-s")  # read by the launcher, not passed to the ranks
 
 __all__ = ["BENCHMARKS", "Benchmark", "BenchmarkError", "benchmark", "build_parser", "main", "recovery_times",
            "report"]
@@ -68,11 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         if bench.nproc:
             subparser.add_argument("--nproc", type=positive_int, default=bench.nproc,
                                    help="processes torchrun starts, one per device")
+            subparser.add_argument("--launch-timeout-s", type=positive_int, default=LAUNCH_TIMEOUT_S,
+                                   help="seconds the relaunched torchrun job may take before it is killed")
     return parser
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
-    """`argv` less `--nproc N` (or `--nproc=N`), which only the launcher reads.
+    """`argv` less `--nproc N` and `--launch-timeout-s S` (or `--flag=value`), which only the
+    launcher reads.
 
     torchrun's own parser scans the arguments meant for the module too, and (Python 3.12)
     rejects `--nproc` there as an ambiguous abbreviation of its `--nproc-per-node`.
@@ -82,11 +91,24 @@ def _without_nproc(argv: list[str]) -> list[str]:
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--nproc":
+        elif arg in LAUNCHER_FLAGS:
             skip = True
-        elif not arg.startswith("--nproc="):
+        elif not arg.startswith(tuple(f"{flag}=" for flag in LAUNCHER_FLAGS)):
             kept.append(arg)
     return kept
+
+
+def relaunch(cmd: list[str], env: dict[str, str], timeout_s: float) -> int:
+    """Run the torchrun job `cmd`, its output streaming through, and return its status; past
+    `timeout_s` kill it with every process it started (a rank stuck outside a collective,
+    which no process-group timeout ends) and fail in one line."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        raise BenchmarkError(f"the torchrun job did not end within --launch-timeout-s {timeout_s:.0f}; "
+                             "it and every process it started were killed") from None
 
 
 def check_scratch_only(cfg: TrainConfig) -> None:
@@ -126,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if launch:
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
             ranks_argv = _without_nproc(argv)
-            return subprocess.run(torchrun_command(args.nproc, "reference_impl.bench", ranks_argv),
-                                  env=env).returncode
+            return relaunch(torchrun_command(args.nproc, "reference_impl.bench", ranks_argv), env,
+                            args.launch_timeout_s)
         bench.run(args, cfg)
     except ConfigError as exc:
         print(f"reference_impl.bench {args.name}: error: {exc}", file=sys.stderr)
