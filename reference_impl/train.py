@@ -75,7 +75,7 @@ def build_state(cfg: TrainConfig, ctx: DistContext, replicas: int = 1, replica: 
                         generator=torch.Generator().manual_seed(cfg.seed + dp_rank),
                         worker_init_fn=loader_worker_init)
     model = parallelize(build_model(cfg), mesh, cfg, ctx)  # under pipeline parallel: this rank's stage
-    pipeline = build_runner(model, cfg, mesh, ctx.device) if ctx.distributed else None  # pipeline parallel's schedule
+    pipeline = build_runner(model, cfg, mesh, ctx.device)  # pipeline parallel's schedule, else None
     optimizer = build_optimizer(model, cfg)
     return TrainState(model, optimizer, build_scheduler(optimizer, cfg),
                       build_scaler(cfg, ctx.device), sampler, loader, mesh, pipeline)

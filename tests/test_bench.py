@@ -290,12 +290,12 @@ def test_the_relaunch_under_torchrun_passes_a_command_line_torchrun_accepts() ->
     ambiguous abbreviation of its `--nproc-per-node`): the launcher must not pass it on."""
     from torch.distributed.run import get_args_parser
 
-    from reference_impl.bench import _without_nproc
+    from reference_impl.bench import _without_launcher_flags
     from reference_impl.launch import torchrun_command
 
     argv = ["gpu", "--nproc", "1", "--rounds", "1", "--nproc=1", "--launch-timeout-s", "9", "--compile",
             "--launch-timeout-s=9"]
-    command = torchrun_command(1, "reference_impl.bench", _without_nproc(argv))
+    command = torchrun_command(1, "reference_impl.bench", _without_launcher_flags(argv))
     parsed = get_args_parser().parse_args(command[3:])  # after `python -m torch.distributed.run`
     assert parsed.training_script_args == ["gpu", "--rounds", "1", "--compile"]
 

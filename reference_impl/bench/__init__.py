@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _without_nproc(argv: list[str]) -> list[str]:
+def _without_launcher_flags(argv: list[str]) -> list[str]:
     """`argv` less `--nproc N` and `--launch-timeout-s S` (or `--flag=value`), which only the
     launcher reads.
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         preflight(cfg, args.nproc if launch else None)  # e.g. --device cuda without a GPU, or too few
         if launch:
             env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-            ranks_argv = _without_nproc(argv)
+            ranks_argv = _without_launcher_flags(argv)
             return relaunch(torchrun_command(args.nproc, "reference_impl.bench", ranks_argv), env,
                             args.launch_timeout_s)
         bench.run(args, cfg)

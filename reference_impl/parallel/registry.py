@@ -145,8 +145,10 @@ def shard_data(dataset: Dataset[Any], cfg: TrainConfig, dims: ParallelDims, rank
 def build_runner(model: nn.Module, cfg: TrainConfig, dims: ParallelDims, device: torch.device) -> Any:
     """What drives this rank's step when an applied parallelism has its own (a pipeline
     schedule), else None (`train_step` runs the model)."""
-    runners = [p for p in applied(cfg, dims) if p.runner]
-    return runners[0].runner(model, runners[0].mesh_of(dims), cfg, device) if runners else None  # type: ignore[misc]
+    for parallelism in applied(cfg, dims):
+        if parallelism.runner:
+            return parallelism.runner(model, parallelism.mesh_of(dims), cfg, device)
+    return None
 
 
 # --8<-- [start:parallelize]
