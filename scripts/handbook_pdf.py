@@ -65,6 +65,18 @@ Element.prototype.attachShadow = function (init) {
   return attach.call(this, Object.assign({}, init, {mode: "open"}));
 };
 """
+# Material starts a worker on every page that fetches the search index and builds it: on a
+# 2-core machine that costs as much CPU as drawing the page. A page that is printed or
+# checked for anything but search gets an idle worker instead (search then stays empty).
+SEARCH_IDLE = """
+const PageWorker = window.Worker;
+window.Worker = class extends PageWorker {
+  constructor(url, options) {
+    const search = /\\/search\\.[^/]*\\.js/.test(String(url));
+    super(search ? URL.createObjectURL(new Blob([""], {type: "text/javascript"})) : url, options);
+  }
+};
+"""
 DIAGRAMS_PENDING = """
 () => document.querySelectorAll("pre.mermaid").length + Array.from(
   document.querySelectorAll("div.mermaid")).filter(
@@ -192,6 +204,15 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
+def new_context(browser: Any, *init_scripts: str, search: bool = False, **options: Any) -> Any:
+    """A browser context (Playwright's `options`) whose pages run `init_scripts` first, with
+    the theme's search worker idle unless `search`."""
+    context = browser.new_context(**options)
+    for script in (*init_scripts, *(() if search else (SEARCH_IDLE,))):
+        context.add_init_script(script)
+    return context
+
+
 @contextlib.contextmanager
 def ready_to_print(browser: Any, url: str, timeout_ms: int = 300_000) -> Iterator[Any]:
     """Open `url` and yield the Playwright page once its diagrams are drawn, set for print.
@@ -203,8 +224,7 @@ def ready_to_print(browser: Any, url: str, timeout_ms: int = 300_000) -> Iterato
     Raises:
         TimeoutError: Diagrams are still waiting after `timeout_ms`.
     """
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.add_init_script(OPEN_SHADOW_ROOTS)
+    context = new_context(browser, OPEN_SHADOW_ROOTS, viewport={"width": 1280, "height": 900})
     try:
         page = context.new_page()
         page.set_default_timeout(timeout_ms)

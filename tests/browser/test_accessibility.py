@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from handbook_pdf import new_context
 from test_site_in_chromium import OPEN_SHADOW_ROOTS, Problems, browser, render_diagrams, server  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -82,8 +83,7 @@ async (known) => {
 def test_no_accessibility_violation_of_ours(browser, server, built_site: Path, kind: str, scheme: str) -> None:
     path = PAGES[kind]
     diagrams = (built_site / path / "index.html").read_text(encoding="utf-8").count('<pre class="mermaid"')
-    context = browser.new_context(viewport=VIEWPORTS.get(kind, DESKTOP), color_scheme=scheme)
-    context.add_init_script(OPEN_SHADOW_ROOTS)
+    context = new_context(browser, OPEN_SHADOW_ROOTS, viewport=VIEWPORTS.get(kind, DESKTOP), color_scheme=scheme)
     page = context.new_page()
     page.set_default_timeout(20_000)
     problems = Problems(page)
@@ -112,7 +112,7 @@ PLOT_BOXES = """() => Array.from(document.querySelectorAll("figure.handbook-plot
 
 def test_plots_on_a_phone_are_legible_and_hold_their_room_before_they_load(browser, server) -> None:  # noqa: F811
     """At 390 px the narrow figure shows with labels of 9 px or more; its box does not move when it loads."""
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2)
+    context = new_context(browser, viewport=PHONE, device_scale_factor=2)
     stalled = []
     context.route("**/plots/*.svg", lambda route: stalled.append(route))  # never answered: still loading
     page = context.new_page()
@@ -123,7 +123,7 @@ def test_plots_on_a_phone_are_legible_and_hold_their_room_before_they_load(brows
         before = page.evaluate(PLOT_BOXES)
     finally:
         context.close()
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2)
+    context = new_context(browser, viewport=PHONE, device_scale_factor=2)
     page = context.new_page()
     problems = Problems(page)
     try:

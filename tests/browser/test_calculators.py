@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from calc_inputs import log_uniform, maybe, memory_inputs
+from handbook_pdf import new_context
 from test_calc import BAD_INPUTS
 from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
 
@@ -308,7 +309,7 @@ def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser,
 
 
 def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F811
-    context = browser.new_context(viewport={"width": width, "height": height})
+    context = new_context(browser, viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(20_000)
     problems = Problems(page)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from test_page_height import content_pages
+from handbook_pdf import new_context
 from test_site_in_chromium import DIAGRAMS_ALL_NEAR, OPEN_SHADOW_ROOTS, Problems, browser, render_diagrams, server  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -60,9 +61,8 @@ def _measure(browser, server: str, built_site: Path) -> dict[str, list[dict]]:  
     """Page path -> the measure of each of its diagrams, drawn on a phone."""
     pages = {path: (built_site / path / "index.html").read_text(encoding="utf-8").count('<pre class="mermaid"')
              for path in content_pages(built_site)}
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2, is_mobile=True, has_touch=True)
-    for script in (OPEN_SHADOW_ROOTS, DIAGRAMS_ALL_NEAR):
-        context.add_init_script(script)
+    context = new_context(browser, OPEN_SHADOW_ROOTS, DIAGRAMS_ALL_NEAR, viewport=PHONE, device_scale_factor=2,
+                          is_mobile=True, has_touch=True)
     page = context.new_page()
     page.set_default_timeout(20_000)
     problems = Problems(page)
@@ -124,8 +124,7 @@ START_AT_THE_TEXT_BEFORE = """() => {
 @pytest.mark.parametrize(("viewport", "scrolls"), [(PHONE, True), ({"width": 1280, "height": 800}, False)])
 def test_a_frame_that_scrolls_says_so_and_the_keyboard_scrolls_it(browser, server, viewport, scrolls) -> None:  # noqa: F811
     """Tab reaches a frame that scrolls and the arrow keys scroll it; a frame that fits is no tab stop."""
-    context = browser.new_context(viewport=viewport)
-    context.add_init_script(OPEN_SHADOW_ROOTS)
+    context = new_context(browser, OPEN_SHADOW_ROOTS, viewport=viewport)
     page = context.new_page()
     page.set_default_timeout(20_000)
     problems = Problems(page)

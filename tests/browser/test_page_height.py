@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from handbook_pdf import new_context
 from test_site_in_chromium import Problems, browser, server  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(480)]  # the site build may fall inside it
@@ -34,7 +35,7 @@ def content_pages(site: Path) -> list[str]:
 def test_every_content_page_is_at_most_20000_px_tall_at_1280x800(browser, server, built_site: Path) -> None:  # noqa: F811
     pages = content_pages(built_site)
     assert len(pages) > 20 and "foundations/parallelism/" in pages, pages
-    context = browser.new_context(viewport=DESKTOP)
+    context = new_context(browser, viewport=DESKTOP)
     page = context.new_page()
     page.set_default_timeout(20_000)
     problems = Problems(page)

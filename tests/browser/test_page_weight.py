@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from handbook_pdf import new_context
 from test_site_in_chromium import COUNT_RENDERED, OPEN_SHADOW_ROOTS, Problems, browser, server  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -51,16 +52,16 @@ class Transfers:
         return any(fragment in url for url in self.urls.values())
 
 
-def _phone(browser):  # noqa: F811 - the fixture, passed on by the tests
-    context = browser.new_context(viewport=PHONE, device_scale_factor=3, is_mobile=True, has_touch=True)
-    context.add_init_script(OPEN_SHADOW_ROOTS)
+def _phone(browser, search: bool = False):  # noqa: F811 - the fixture, passed on by the tests
+    context = new_context(browser, OPEN_SHADOW_ROOTS, search=search, viewport=PHONE, device_scale_factor=3,
+                          is_mobile=True, has_touch=True)
     page = context.new_page()
     page.set_default_timeout(20_000)
     return context, page
 
 
 def test_home_page_first_screen_on_a_phone_stays_within_budget(browser, server) -> None:  # noqa: F811
-    context, page = _phone(browser)
+    context, page = _phone(browser, search=True)
     transfers = Transfers(context, page)
     problems = Problems(page)
     try:

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from handbook_pdf import OPEN_SHADOW_ROOTS, chromium
+from handbook_pdf import OPEN_SHADOW_ROOTS, chromium, new_context
 from launch import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -122,10 +122,9 @@ def render_diagrams(page, expected: int, timeout_ms: float = 30_000) -> int:
     return page.evaluate(COUNT_RENDERED)
 
 
-def _new_page(browser, *init_scripts: str):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    for script in (OPEN_SHADOW_ROOTS, *init_scripts):
-        context.add_init_script(script)
+def _new_page(browser, *init_scripts: str, search: bool = False):
+    context = new_context(browser, OPEN_SHADOW_ROOTS, *init_scripts, search=search,
+                          viewport={"width": 1280, "height": 900})
     # Anything outside the local server counts as a failure: the site must work offline.
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -168,7 +167,7 @@ def test_every_page_renders_its_diagrams_without_errors(browser, server, built_s
 
 
 def test_search_returns_results(browser, server):
-    context, page = _new_page(browser)
+    context, page = _new_page(browser, search=True)
     problems = Problems(page)
     try:
         page.goto(server, wait_until="load")
@@ -199,7 +198,7 @@ def test_search_ranks_the_answering_page_first(browser, server, query: str, page
     """In the real dialog, the page that answers ranks first, not one that merely says
     "pipelines" or "zero" (tests/docs/test_docs_search_index.py checks more queries with the
     same worker under Node)."""
-    context, tab = _new_page(browser)
+    context, tab = _new_page(browser, search=True)
     problems = Problems(tab)
     try:
         tab.goto(server, wait_until="load")
