@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from handbook_pdf import new_context
-from test_site_in_chromium import OPEN_SHADOW_ROOTS, Problems, browser, render_diagrams, server  # noqa: F401
+from test_site_in_chromium import OPEN_SHADOW_ROOTS, Problems, render_diagrams
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -110,7 +110,7 @@ PLOT_BOXES = """() => Array.from(document.querySelectorAll("figure.handbook-plot
 })"""
 
 
-def test_plots_on_a_phone_are_legible_and_hold_their_room_before_they_load(browser, server) -> None:  # noqa: F811
+def test_plots_on_a_phone_are_legible_and_hold_their_room_before_they_load(browser, server) -> None:
     """At 390 px the narrow figure shows with labels of 9 px or more; its box does not move when it loads."""
     context = new_context(browser, viewport=PHONE, device_scale_factor=2)
     stalled = []

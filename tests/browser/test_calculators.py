@@ -20,7 +20,7 @@ import pytest
 from calc_inputs import log_uniform, maybe, memory_inputs
 from handbook_pdf import new_context
 from test_calc import BAD_INPUTS
-from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
+from test_site_in_chromium import Problems, _new_page
 
 from reference_impl import calc
 
@@ -126,7 +126,7 @@ GENERATORS = {"memory": memory_inputs, "ring_allreduce": _ring_allreduce, "fsdp_
 
 
 @pytest.fixture(scope="module")
-def page(browser, server):  # noqa: F811 - the fixtures imported above
+def page(browser, server):
     context, page = _new_page(browser)
     problems = Problems(page)
     page.goto(server + PLAYBOOK, wait_until="load")
@@ -257,7 +257,7 @@ def _shown(form, key: str) -> str:
     return output.inner_text()
 
 
-def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:  # noqa: F811
+def test_a_user_fills_the_ring_allreduce_form(browser, server) -> None:
     context, page = _new_page(browser)
     problems = Problems(page)
     try:
@@ -288,7 +288,7 @@ def _more_inputs(form) -> None:
     form.get_by_text("More inputs").click()
 
 
-def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser, server) -> None:  # noqa: F811
+def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser, server) -> None:
     context, page = _new_page(browser)
     problems = Problems(page)
     try:
@@ -308,7 +308,7 @@ def test_the_goodput_form_prices_the_optimum_when_the_interval_is_empty(browser,
     assert not problems.items, "\n".join(problems.items)
 
 
-def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F811
+def _open(browser, url: str, width: int = 1280, height: int = 900):
     context = new_context(browser, viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(20_000)
@@ -318,7 +318,7 @@ def _open(browser, url: str, width: int = 1280, height: int = 900):  # noqa: F81
     return context, page, problems
 
 
-def test_errors_speak_the_forms_words_and_units(browser, server) -> None:  # noqa: F811
+def test_errors_speak_the_forms_words_and_units(browser, server) -> None:
     context, page, problems = _open(browser, server + PLAYBOOK)
     try:
         form = page.locator('.handbook-calc[data-calc="memory"]')
@@ -351,7 +351,7 @@ def test_errors_speak_the_forms_words_and_units(browser, server) -> None:  # noq
     assert not problems.items, "\n".join(problems.items)
 
 
-def test_implausible_results_are_flagged_not_printed(browser, server) -> None:  # noqa: F811
+def test_implausible_results_are_flagged_not_printed(browser, server) -> None:
     context, page, problems = _open(browser, server + "reliability/performance/")
     try:
         form = page.locator('.handbook-calc[data-calc="mfu"]')
@@ -411,7 +411,7 @@ FORM_INPUTS = """(host) => {
 }"""
 
 
-def test_a_preset_fills_every_form_with_its_inputs(browser, server) -> None:  # noqa: F811
+def test_a_preset_fills_every_form_with_its_inputs(browser, server) -> None:
     """Each form offers the presets of docs/javascripts/calculator_presets.json that name it;
     picking one shows each of its inputs in the field's unit (tests/test_calculator_presets.py
     runs the same inputs through the Python twins), and the result is the Python twin's."""
@@ -467,7 +467,7 @@ SETTLED = ("(el) => new Promise((done) => { let last = null, same = 0, frames = 
            " if (same >= 3 || ++frames > 120) done(); else requestAnimationFrame(check); }; check(); })")
 
 
-def test_on_a_phone_the_result_stays_beside_the_edited_field(browser, server) -> None:  # noqa: F811
+def test_on_a_phone_the_result_stays_beside_the_edited_field(browser, server) -> None:
     """At 390 x 844 the memory form is taller than the screen: its headline result stays in view."""
     context, page, problems = _open(browser, server + PLAYBOOK, width=390, height=844)
     try:
@@ -535,7 +535,7 @@ RING = """(sel) => {
 }"""
 
 
-def test_forms_are_readable_in_light_and_dark_mode_and_after_instant_navigation(browser, server) -> None:  # noqa: F811
+def test_forms_are_readable_in_light_and_dark_mode_and_after_instant_navigation(browser, server) -> None:
     context, page = _new_page(browser)
     problems = Problems(page)
     try:

@@ -15,7 +15,7 @@ import pytest
 
 from test_page_height import content_pages
 from handbook_pdf import new_context
-from test_site_in_chromium import DIAGRAMS_ALL_NEAR, OPEN_SHADOW_ROOTS, Problems, browser, render_diagrams, server  # noqa: F401
+from test_site_in_chromium import DIAGRAMS_ALL_NEAR, OPEN_SHADOW_ROOTS, Problems, render_diagrams
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -57,7 +57,7 @@ MEASURE = """
 PAGE_SCROLLS_SIDEWAYS = "() => document.documentElement.scrollWidth > document.documentElement.clientWidth + 1"
 
 
-def _measure(browser, server: str, built_site: Path) -> dict[str, list[dict]]:  # noqa: F811
+def _measure(browser, server: str, built_site: Path) -> dict[str, list[dict]]:
     """Page path -> the measure of each of its diagrams, drawn on a phone."""
     pages = {path: (built_site / path / "index.html").read_text(encoding="utf-8").count('<pre class="mermaid"')
              for path in content_pages(built_site)}
@@ -83,7 +83,7 @@ def _measure(browser, server: str, built_site: Path) -> dict[str, list[dict]]:  
     return measured
 
 
-def test_every_diagram_is_legible_and_reachable_on_a_phone(browser, server, built_site: Path) -> None:  # noqa: F811
+def test_every_diagram_is_legible_and_reachable_on_a_phone(browser, server, built_site: Path) -> None:
     measured = _measure(browser, server, built_site)
     assert sum(map(len, measured.values())) >= 20, measured.keys()
     lines, faults = [], []
@@ -122,7 +122,7 @@ START_AT_THE_TEXT_BEFORE = """() => {
 
 
 @pytest.mark.parametrize(("viewport", "scrolls"), [(PHONE, True), ({"width": 1280, "height": 800}, False)])
-def test_a_frame_that_scrolls_says_so_and_the_keyboard_scrolls_it(browser, server, viewport, scrolls) -> None:  # noqa: F811
+def test_a_frame_that_scrolls_says_so_and_the_keyboard_scrolls_it(browser, server, viewport, scrolls) -> None:
     """Tab reaches a frame that scrolls and the arrow keys scroll it; a frame that fits is no tab stop."""
     context = new_context(browser, OPEN_SHADOW_ROOTS, viewport=viewport)
     page = context.new_page()

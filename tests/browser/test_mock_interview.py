@@ -13,7 +13,7 @@ import random
 import re
 
 import pytest
-from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
+from test_site_in_chromium import Problems, _new_page
 
 from reference_impl.interview import mock_questions as mq
 
@@ -31,7 +31,7 @@ def _start(page, minutes: int, seed: int) -> dict:
     return page.evaluate("() => window.handbookMock.current()")
 
 
-def test_mock_interview_draws_grades_and_times(browser, server) -> None:  # noqa: F811
+def test_mock_interview_draws_grades_and_times(browser, server) -> None:
     context, page = _new_page(browser)
     problems = Problems(page)
     templates = {t["id"]: t for t in mq.TEMPLATES}

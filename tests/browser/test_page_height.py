@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from handbook_pdf import new_context
-from test_site_in_chromium import Problems, browser, server  # noqa: F401 - fixtures
+from test_site_in_chromium import Problems
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(480)]  # the site build may fall inside it
 
@@ -32,7 +32,7 @@ def content_pages(site: Path) -> list[str]:
     return [p for p in pages if not p.startswith(NOT_CONTENT) and not p.startswith(("assets/", "search/"))]
 
 
-def test_every_content_page_is_at_most_20000_px_tall_at_1280x800(browser, server, built_site: Path) -> None:  # noqa: F811
+def test_every_content_page_is_at_most_20000_px_tall_at_1280x800(browser, server, built_site: Path) -> None:
     pages = content_pages(built_site)
     assert len(pages) > 20 and "foundations/parallelism/" in pages, pages
     context = new_context(browser, viewport=DESKTOP)

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from handbook_pdf import new_context
-from test_site_in_chromium import COUNT_RENDERED, OPEN_SHADOW_ROOTS, Problems, browser, server  # noqa: F401
+from test_site_in_chromium import COUNT_RENDERED, OPEN_SHADOW_ROOTS, Problems
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -52,7 +52,7 @@ class Transfers:
         return any(fragment in url for url in self.urls.values())
 
 
-def _phone(browser, search: bool = False):  # noqa: F811 - the fixture, passed on by the tests
+def _phone(browser, search: bool = False):
     context = new_context(browser, OPEN_SHADOW_ROOTS, search=search, viewport=PHONE, device_scale_factor=3,
                           is_mobile=True, has_touch=True)
     page = context.new_page()
@@ -60,7 +60,7 @@ def _phone(browser, search: bool = False):  # noqa: F811 - the fixture, passed o
     return context, page
 
 
-def test_home_page_first_screen_on_a_phone_stays_within_budget(browser, server) -> None:  # noqa: F811
+def test_home_page_first_screen_on_a_phone_stays_within_budget(browser, server) -> None:
     context, page = _phone(browser, search=True)
     transfers = Transfers(context, page)
     problems = Problems(page)
@@ -88,7 +88,7 @@ def _first_diagram_near(page, transfers: Transfers) -> None:
     page.wait_for_function(f"() => ({COUNT_RENDERED})() >= 1", timeout=60_000)
 
 
-def test_a_diagram_comes_from_its_svg_when_near_in_the_room_held_for_it(browser, server) -> None:  # noqa: F811
+def test_a_diagram_comes_from_its_svg_when_near_in_the_room_held_for_it(browser, server) -> None:
     context, page = _phone(browser)
     transfers = Transfers(context, page)
     problems = Problems(page)
@@ -105,7 +105,7 @@ def test_a_diagram_comes_from_its_svg_when_near_in_the_room_held_for_it(browser,
     assert not problems.items, "\n".join(problems.items)
 
 
-def test_a_diagram_without_its_svg_loads_mermaid_only_when_near(browser, server) -> None:  # noqa: F811
+def test_a_diagram_without_its_svg_loads_mermaid_only_when_near(browser, server) -> None:
     context, page = _phone(browser)
 
     def unmarked(route) -> None:  # as if every diagram had been edited since it was drawn
@@ -135,7 +135,7 @@ HEADING_OFFSET = "(id) => { const h = document.getElementById(id); " \
 FAR_HEADING = "in-the-reference-trainer"  # the last heading of the parallelism playbook, half-way down
 
 
-def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:  # noqa: F811
+def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:
     context, page = _phone(browser)
     problems = Problems(page)
     try:
@@ -161,7 +161,7 @@ def test_a_long_pages_text_is_drawn_only_when_near(browser, server) -> None:  # 
     ("api/bench/", "reference_impl.bench.benchmark", "hashchange"),
 ])
 def test_a_link_to_a_heading_lands_on_it_while_the_text_around_is_drawn(
-        browser, server, path: str, heading: str, arrive: str) -> None:  # noqa: F811
+        browser, server, path: str, heading: str, arrive: str) -> None:
     context, page = _phone(browser)
     problems = Problems(page)
     try:

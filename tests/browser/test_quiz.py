@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_site_in_chromium import Problems, _new_page, browser, server  # noqa: F401 - fixtures
+from test_site_in_chromium import Problems, _new_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(120)]
 

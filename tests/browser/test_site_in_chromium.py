@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import re
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from handbook_pdf import OPEN_SHADOW_ROOTS, chromium, new_context
-from launch import free_port
+from handbook_pdf import OPEN_SHADOW_ROOTS, new_context
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -60,38 +55,6 @@ MERMAID_ERRORS = """
 () => Array.from(document.querySelectorAll("div.mermaid")).filter(
   (host) => host.shadowRoot && /Syntax error|Parse error/i.test(host.shadowRoot.textContent)).length
 """
-
-
-@pytest.fixture(scope="module")
-def server(built_site: Path):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-         "--directory", str(built_site)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            urllib.request.urlopen(base, timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                pytest.fail("http.server did not start")
-            time.sleep(0.1)
-    yield base
-    proc.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    if proc.poll() is None:
-        proc.kill()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as b:
-        yield b
 
 
 class Problems:
