@@ -124,9 +124,11 @@ def test_an_interleaved_checkpoint_restores_in_one_process(reference: tuple[Run,
     assert losses(one) == pytest.approx(losses(reference[0])[6:], abs=TOL)
 
 
-# Sleeps long beside the schedule's own overhead (a few ms per action on a loaded CPU, twice
-# as many actions under interleaving): at 20 ms and 40 ms the overhead hides the gain.
-FORWARD_S, BACKWARD_S, MICROBATCHES = 0.1, 0.2, 4
+# Sleeps long beside the schedule's own overhead (a few ms per action on a quiet CPU, tens at a
+# load of 9 on two cores, twice as many actions under interleaving): at 20 ms and 40 ms the
+# overhead hid the gain, and at 100 ms and 200 ms a load of 9 put interleaving's idle share at
+# 0.177 against the formula's 0.111 (0.14 at 200 ms and 400 ms and a load of 7).
+FORWARD_S, BACKWARD_S, MICROBATCHES, ROUNDS = 0.3, 0.6, 4, 2
 BUBBLE_TOL = 0.05  # idle share above the formula that point-to-point latency may add
 
 
@@ -135,13 +137,14 @@ def bubbles(rank: int, world_size: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=60))
     try:
-        cases = [measure_bubble(kind, MICROBATCHES, FORWARD_S, BACKWARD_S, rounds=2)
+        cases = [measure_bubble(kind, MICROBATCHES, FORWARD_S, BACKWARD_S, rounds=ROUNDS)
                  for kind in ("1f1b", "interleaved-1f1b")]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(cases))
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # about 25 s, nearly all of it the stages' sleeps
 @pytest.mark.distributed
 def test_interleaving_idles_less_than_1f1b_as_the_formula_says(tmp_path: Path) -> None:
     """Stages that sleep known times, 2 ranks, M = 4: interleaved 1F1B (V = 2) idles less than
