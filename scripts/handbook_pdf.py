@@ -65,9 +65,10 @@ Element.prototype.attachShadow = function (init) {
   return attach.call(this, Object.assign({}, init, {mode: "open"}));
 };
 """
-# Material starts a worker on every page that fetches the search index and builds it: on a
-# 2-core machine that costs as much CPU as drawing the page. A page that is printed or
-# checked for anything but search gets an idle worker instead (search then stays empty).
+# On every page load Material fetches the search index and hands it to a worker that builds a
+# lunr index from it: on a 2-core machine the build costs as much CPU as drawing the page. A
+# page that is printed or checked for anything but search gets an empty worker instead (the
+# index still arrives; search stays empty).
 SEARCH_IDLE = """
 const PageWorker = window.Worker;
 window.Worker = class extends PageWorker {

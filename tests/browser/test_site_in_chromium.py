@@ -149,6 +149,21 @@ def test_search_returns_results(browser, server):
     assert not problems.items, "\n".join(problems.items)
 
 
+@pytest.mark.parametrize("search", [False, True], ids=["search_idle", "search_on"])
+def test_the_search_worker_builds_the_index_only_where_search_is_wanted(browser, server, search: bool) -> None:
+    """The page fetches the index either way; only a page that wants search loads the theme's
+    worker that builds it (`handbook_pdf.SEARCH_IDLE` swaps in an empty one, quietly)."""
+    context, page = _new_page(browser, search=search)
+    problems, workers = Problems(page), []
+    context.on("request", lambda r: "/workers/search." in r.url and workers.append(r.url))
+    try:
+        page.goto(server, wait_until="networkidle")
+    finally:
+        context.close()
+    assert bool(workers) == search, workers
+    assert not problems.items, "\n".join(problems.items)
+
+
 FIRST_RESULT = "() => document.querySelector('.md-search-result__item > a')?.getAttribute('href') || ''"
 
 
