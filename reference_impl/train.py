@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
@@ -131,9 +131,11 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     guard = NonFiniteGuard(state.model, cfg, ctx, log) if cfg.precision != "fp16" else None
     stragglers, rolled_back = StragglerMonitor(cfg, ctx, log, timer), set[int]()
     state.model.train()
-    try:
+    try:  # a failure is reported innermost, while Preemption still holds SIGTERM: a launcher
+        # stops the survivors of a failed rank with it, as this rank's own collective fails too
         with (Watchdog(cfg.step_timeout_s, timer, log) as watchdog,
-              Preemption(cfg.preempt_grace_s, ctx, log) as stop):
+              Preemption(cfg.preempt_grace_s, ctx, log) as stop,
+              failures_reported(log, timer, state)):
             steps = step_batches(state, cfg)
             while state.step < cfg.max_steps:  # a restore at or past the end trains nothing
                 batches, started = next(steps), stragglers.start_step()
@@ -172,13 +174,20 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
                     break
             if saver:
                 saver.wait()  # the last checkpoint is published before the run reports success
-    except Exception as exc:  # name the rank, phase and step of any failure, then fail
-        log.error(timer.current, exc, step=state.step)
-        raise
     finally:
         if saver:
             saver.close()  # its hook on the optimizer, its copying thread and buffers
     return state
+
+
+@contextmanager
+def failures_reported(log: EventLog, timer: PhaseTimer, state: TrainState) -> Iterator[None]:
+    """Report any failure with the rank, the phase and the step it happened in, then re-raise it."""
+    try:
+        yield
+    except Exception as exc:
+        log.error(timer.current, exc, step=state.step)
+        raise
 # --8<-- [end:train_loop]
 
 

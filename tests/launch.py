@@ -7,6 +7,7 @@ killed with all its descendants and the test fails with what the job printed.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -138,6 +139,8 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
     """
     status = 1
     try:
+        # A job that outlives its deadline asks each live rank for its threads' stacks first.
+        faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
         if without_package:
             import without_package as blank
 
@@ -251,12 +254,44 @@ def _attempt(module: str, args: list[str], envs: list[dict[str, str]], tmp: Path
                                   args=(module, list(args), rank_env, *files[rank], without_package))
             process.start()
             ranks.append(process)
-        return _wait(ranks, deadline), files
+        status = _wait(ranks, deadline)
+        if status is None:
+            _report_live(ranks, files)
+        return status, files
     finally:
         for process in ranks:
             if process.exitcode is None:
                 kill_descendants(process.pid)
                 process.join(30)
+
+
+STACKS_SIGNAL = signal.SIGUSR1
+
+
+def _report_live(ranks: list[multiprocessing.process.BaseProcess], files: list[tuple[str, str]]) -> None:
+    """Before a timed-out attempt is killed: each live rank's stacks, then its state as the
+    kernel saw it (a `Z` is a rank that ended and was never reaped), in that rank's stderr."""
+    live = [(rank, process, _kernel_state(process.pid)) for rank, process in enumerate(ranks)
+            if process.exitcode is None]
+    for _, process, _ in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, STACKS_SIGNAL)
+    if live:
+        time.sleep(2)  # faulthandler writes from the signal handler, at once, without the GIL
+    for rank, process, state in live:  # after the stacks, which the rank writes at its own offset
+        with open(files[rank][1], "a") as err:
+            err.write(f"[forked_ranks] rank {rank} (pid {process.pid}) was still running at the deadline "
+                      f"({state}); its threads' stacks are above\n")
+
+
+def _kernel_state(pid: int) -> str:
+    """The process's state letter and the kernel function it sleeps in, from /proc."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    return f"state {state}, waiting in {wchan}"
 
 
 def _wait(ranks: list[multiprocessing.process.BaseProcess], deadline: float) -> int | None:

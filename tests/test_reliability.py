@@ -30,6 +30,7 @@ from reference_impl.reliability.lifecycle import AGREE_AT_LEAST_EVERY, Preemptio
 from reference_impl.metrics import EventLog
 from reference_impl.options.training import SEED_STRIDE
 from reference_impl.step import lr_multiplier
+from reference_impl.train import train as run_train
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -296,6 +297,28 @@ def test_sigterm_to_a_rank_blocked_in_a_collective_ends_it_within_the_grace_peri
             rank.kill()
             rank.join(10)
 
+
+def test_a_failure_is_reported_while_sigterm_is_still_the_runs_to_handle(tmp_path: Path) -> None:
+    """A launcher stops the survivors of a failed rank with SIGTERM, often as their own
+    collective fails with "closed by peer". Reported after the run let go of SIGTERM, such a
+    rank's error line was lost to the default action (1 run in 6 of the watchdog test). The
+    report must come while the run's handler is still installed."""
+    handlers: list[object] = []
+
+    class Log(EventLog):
+        def error(self, phase: str, exc: BaseException, **fields: object) -> None:
+            handlers.append(signal.getsignal(signal.SIGTERM))
+            super().error(phase, exc, **fields)
+
+    def fail(state: object) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    cfg = TrainConfig.from_cli(["--model", "mlp", "--max-steps", "3", "--warmup-steps", "0", "--device", "cpu",
+                                *FLAGS[-6:]])
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        run_train(cfg, DistContext(), Log(0, io.StringIO()), on_step=fail)
+    assert len(handlers) == 1 and handlers[0] not in (signal.SIG_DFL, signal.SIG_IGN, None), handlers
+    assert signal.getsignal(signal.SIGTERM) is not handlers[0], "the run restores SIGTERM's handler when it ends"
 
 # Item 6: the sample log on a restart before the first checkpoint.
 
