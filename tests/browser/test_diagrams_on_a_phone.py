@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from test_page_height import content_pages
 from handbook_pdf import new_context
-from test_site_in_chromium import DIAGRAMS_ALL_NEAR, OPEN_SHADOW_ROOTS, Problems, render_diagrams
+from test_site_in_chromium import DIAGRAMS_ALL_NEAR, OPEN_SHADOW_ROOTS, Problems, content_pages, render_diagrams
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,4 +1,5 @@
-"""Drive the built handbook in headless Chromium: every diagram renders, nothing errors.
+"""Drive the built handbook in headless Chromium: every diagram renders, nothing errors, and
+every content page is short enough to read in one sitting (at most 20,000 px tall at 1280x800).
 
 Needs the system Chromium (`apt-get install chromium`, or set CHROMIUM to another binary):
 the test fails, never skips, when it is missing.
@@ -7,6 +8,7 @@ the test fails, never skips, when it is missing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from pathlib import Path
 from urllib.parse import urlparse
@@ -16,7 +18,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from handbook_pdf import OPEN_SHADOW_ROOTS, new_context
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(480)]  # the site build may fall inside it
 
 COUNT_RENDERED = """
 () => Array.from(document.querySelectorAll("div.mermaid")).filter(
@@ -51,6 +53,12 @@ window.IntersectionObserver = class extends Observer {
   }
 };
 """
+DESKTOP = {"width": 1280, "height": 800}
+TALLEST_PX = 20_000
+NOT_CONTENT = ("api/", "reference/all-in-one/")
+# Draw every block now, at its real size, not the room estimated for it while off screen.
+DRAW_ALL = ".md-typeset .handbook-section, .md-typeset .highlight { content-visibility: visible !important; }"
+HEIGHT = "() => Math.ceil(document.documentElement.scrollHeight)"
 MERMAID_ERRORS = """
 () => Array.from(document.querySelectorAll("div.mermaid")).filter(
   (host) => host.shadowRoot && /Syntax error|Parse error/i.test(host.shadowRoot.textContent)).length
@@ -86,21 +94,45 @@ def render_diagrams(page, expected: int, timeout_ms: float = 30_000) -> int:
 
 
 def _new_page(browser, *init_scripts: str, search: bool = False):
-    context = new_context(browser, OPEN_SHADOW_ROOTS, *init_scripts, search=search,
-                          viewport={"width": 1280, "height": 900})
+    context = new_context(browser, OPEN_SHADOW_ROOTS, *init_scripts, search=search, viewport=DESKTOP)
     # Anything outside the local server counts as a failure: the site must work offline.
     page = context.new_page()
     page.set_default_timeout(20_000)
     return context, page
 
 
-def test_every_page_renders_its_diagrams_without_errors(browser, server, built_site: Path):
+@dataclasses.dataclass
+class Walk:
+    """What one visit of every page found: problems by page, diagrams, drawn heights."""
+
+    report: list[str]
+    total_diagrams: int
+    heights: dict[str, int]
+
+
+def content_pages(site: Path) -> list[str]:
+    """Paths of the content pages, relative to the site's root: the API pages (generated
+    from docstrings) and the all-in-one page (every page on one, by design) are not."""
+    pages = sorted(p.parent.relative_to(site).as_posix() + "/" for p in site.rglob("index.html"))
+    pages = ["" if p == "./" else p for p in pages]
+    return [p for p in pages if not p.startswith(NOT_CONTENT) and not p.startswith(("assets/", "search/"))]
+
+
+@pytest.fixture(scope="module")
+def walk(browser, server, built_site: Path) -> Walk:
+    """Every page, visited once at 1280x800, for the checks that need every page.
+
+    Each page's diagrams must render, with no page error, console error or failed request;
+    a problem that the previous page raises late is filed under this page. Then each
+    content page is measured as drawn: docs/hooks/sections.py lets the browser skip text far
+    from the screen and hold an estimate of its room instead, so every block is drawn first.
+    """
     pages = sorted(p for p in built_site.rglob("index.html"))
     assert len(pages) > 10
-    report, total_diagrams = [], 0
+    content = set(content_pages(built_site))
+    walked = Walk([], 0, {})
     # One tab for the whole walk: each goto loads a new document, as a fresh tab would (a new
     # tab per page made the walk take a third longer).
-    # A problem that the previous page raises late still fails the test, filed under this page.
     context, page = _new_page(browser, DIAGRAMS_ALL_NEAR)
     problems, filed = Problems(page), 0
     # Every diagram is drawn ahead of time (tests/docs/test_docs_diagrams.py): none needs Mermaid.
@@ -108,10 +140,10 @@ def test_every_page_renders_its_diagrams_without_errors(browser, server, built_s
     try:
         for html in pages:
             expected = html.read_text(encoding="utf-8").count('<pre class="mermaid"')
-            total_diagrams += expected
-            url = server + html.parent.relative_to(built_site).as_posix() + "/"
-            url = url.replace("/./", "/")
-            page.goto(url, wait_until="load")
+            walked.total_diagrams += expected
+            path = html.parent.relative_to(built_site).as_posix() + "/"
+            path = "" if path == "./" else path
+            page.goto(server + path, wait_until="load")
             if expected:
                 with contextlib.suppress(PlaywrightTimeout):  # reported below with the count
                     page.wait_for_function(f"() => ({COUNT_RENDERED})() >= {expected}", timeout=30_000)
@@ -120,13 +152,31 @@ def test_every_page_renders_its_diagrams_without_errors(browser, server, built_s
                     problems.items.append(f"{rendered} of {expected} diagrams rendered to SVG")
                 if page.evaluate(MERMAID_ERRORS):
                     problems.items.append("a diagram shows a mermaid syntax error")
+            if path in content:
+                page.add_style_tag(content=DRAW_ALL)
+                page.evaluate("() => document.fonts.ready.then(() => new Promise(requestAnimationFrame))")
+                walked.heights[path] = page.evaluate(HEIGHT)
             page.wait_for_timeout(50)
-            report += [f"{url}: {item}" for item in problems.items[filed:]]
+            walked.report += [f"{server + path}: {item}" for item in problems.items[filed:]]
             filed = len(problems.items)
     finally:
         context.close()
-    assert total_diagrams >= 10, f"only {total_diagrams} diagrams on the whole site"
-    assert not report, "\n".join(report)
+    return walked
+
+
+def test_every_page_renders_its_diagrams_without_errors(walk: Walk) -> None:
+    assert walk.total_diagrams >= 10, f"only {walk.total_diagrams} diagrams on the whole site"
+    assert not walk.report, "\n".join(walk.report)
+
+
+def test_every_content_page_is_at_most_20000_px_tall_at_1280x800(walk: Walk) -> None:
+    """A page taller than that is split into pages (the design's rule for pages)."""
+    heights = walk.heights
+    assert len(heights) > 20 and "foundations/parallelism/" in heights, sorted(heights)
+    print("\n" + "\n".join(f"{h:>8,} px  {p or '(home)'}" for p, h in sorted(heights.items(), key=lambda x: -x[1])))
+    too_tall = {p: h for p, h in heights.items() if h > TALLEST_PX}
+    assert not too_tall, "pages taller than {:,} px at 1280x800 (split them): {}".format(
+        TALLEST_PX, ", ".join(f"{p} {h:,} px" for p, h in sorted(too_tall.items(), key=lambda x: -x[1])))
 
 
 def test_search_returns_results(browser, server):
