@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -208,4 +209,28 @@ def exit_process(status: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def exit_after(main: Callable[[], int | None]) -> NoReturn:
+    """Run a worker's `main`, then end the process with its status (`exit_process`), also on a failure.
+
+    A failure's traceback holds the run's frames, and through them its model, optimizer
+    and process groups. The interpreter frees them once it has printed the traceback; a
+    gloo group whose collective has just failed can then deadlock in its destructor (it
+    waits for threads that need the GIL it holds), and the failed rank never exits, so
+    its launcher waits forever. Here the traceback is printed and the process ends inside
+    the handler, with nothing the traceback holds freed. `SystemExit` (argparse) ends the
+    process as the interpreter would.
+    """
+    try:
+        status = main() or 0
+    except SystemExit as exc:
+        if isinstance(exc.code, int) or exc.code is None:
+            exit_process(exc.code or 0)
+        print(exc.code, file=sys.stderr)
+        exit_process(1)
+    except BaseException:
+        traceback.print_exc()
+        exit_process(1)  # inside the handler: nothing the traceback holds is freed
+    exit_process(status)
 # --8<-- [end:teardown]

@@ -30,7 +30,7 @@ from reference_impl.distributed import (
     DistContext,
     distributed,
     env_count,
-    exit_process,
+    exit_after,
     launch_env,
     node_ranks,
     pick_device,
@@ -380,4 +380,4 @@ def run(cfg: TrainConfig) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_after(main)

@@ -18,7 +18,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
+from reference_impl.distributed import exit_after
 from reference_impl.launch import (
     LaunchTimeout,
     Run,
@@ -130,15 +130,15 @@ def _context() -> ForkServerContext:
 def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err: str,
                without_package: bool = False) -> None:
     """One rank: its environment, output to files, `module.main(argv)` (or the script
-    `module` run as `__main__`), then `os._exit`.
+    `module` run as `__main__`), then `os._exit`, as the trainer ends (`exit_after`).
 
     The descriptors themselves are redirected, so C++ output (gloo, c10d) lands in the
     files too. The process never returns into the forkserver's code. With
     `without_package`, `import reference_impl` fails in the rank, as in a blank notebook
     (tests/without_package.py; the forkserver's copy of the package is dropped first).
     """
-    status = 1
-    try:
+
+    def rank() -> int:
         # A job that outlives its deadline asks each live rank for its threads' stacks first.
         faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
         if without_package:
@@ -159,21 +159,10 @@ def _rank_main(module: str, argv: list[str], env: dict[str, str], out: str, err:
         if module.endswith(".py"):  # a script: what `python script.py argv` runs
             sys.argv = [module, *argv]
             runpy.run_path(module, run_name="__main__")
-            status = 0
-        else:
-            status = importlib.import_module(module).main(argv) or 0
-    except SystemExit as exc:  # argparse and friends; as the interpreter would: a message goes to stderr
-        if exc.code is None or isinstance(exc.code, int):
-            status = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            status = 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+            return 0
+        return importlib.import_module(module).main(argv) or 0
+
+    exit_after(rank)
 
 
 def forked_ranks(args: list[str], nproc: int = 2, timeout: float = 120, env: dict[str, str] | None = None,

@@ -16,8 +16,8 @@ import os
 import shlex
 import sys
 
-from reference_impl.distributed import exit_process
+from reference_impl.distributed import exit_after
 from reference_impl.train import main
 
 if __name__ == "__main__":
-    exit_process(main([*sys.argv[1:], *shlex.split(os.environ.get(f"RANK{os.environ['RANK']}_FLAGS", ""))]))
+    exit_after(lambda: main([*sys.argv[1:], *shlex.split(os.environ.get(f"RANK{os.environ['RANK']}_FLAGS", ""))]))

@@ -87,6 +87,39 @@ def test_exit_process_flushes_both_streams_and_keeps_the_status() -> None:
     assert done.stderr == "last words"
 
 
+FAILED_RUN = textwrap.dedent("""
+    import atexit, runpy, sys
+    import reference_impl.step as step
+
+    class Held:  # what a failing run's frames hold: its model, optimizer, process groups
+        def __del__(self):
+            print("freed", flush=True)
+
+    def fail(*args, **kwargs):
+        held = Held()
+        raise RuntimeError("Connection closed by peer")
+
+    step.train_step = fail
+    atexit.register(print, "finalized", flush=True)
+    sys.argv = ["train", "--model", "mlp", "--max-steps", "3", "--warmup-steps", "0", "--device", "cpu",
+                "--micro-batch-size", "8", "--dataset-size", "64", "--hidden-dim", "16"]
+    runpy.run_module("reference_impl.train", run_name="__main__")
+""")
+
+
+def test_a_failed_run_ends_with_its_traceback_and_frees_nothing_it_held() -> None:
+    """A failed rank's traceback holds its run, and its gloo group; the interpreter would free
+    them after printing it, and a group whose collective has just failed can deadlock in
+    its destructor, leaving a failed rank that never exits (2 of 31 runs of the
+    blocked-collective test). The trainer prints the traceback and ends inside the handler:
+    nothing is freed and no exit handler runs."""
+    done = python(FAILED_RUN)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "RuntimeError: Connection closed by peer" in done.stderr
+    assert '"error": "RuntimeError"' in done.stdout, "the error event comes first"
+    assert "finalized" not in done.stdout and "freed" not in done.stdout, done.stdout[-2000:]
+
+
 @pytest.mark.distributed
 def test_the_interview_trainer_frees_its_gloo_group_before_the_interpreter_shuts_down(tmp_path: Path) -> None:
     """The interview trainer cannot skip finalization the way the package does (`os._exit`

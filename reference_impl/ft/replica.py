@@ -22,7 +22,7 @@ from torchft import Manager, ProcessGroupGloo
 
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
-from reference_impl.distributed import DistContext, distributed, exit_process, rendezvous_address
+from reference_impl.distributed import DistContext, distributed, exit_after, rendezvous_address
 from reference_impl.ft.transport import WeightsOnlyHTTPTransport
 from reference_impl.metrics import EventLog, PhaseTimer
 from reference_impl.reliability.faults import FaultInjector
@@ -217,4 +217,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_process(main())
+    exit_after(main)

@@ -160,11 +160,11 @@ def test_bad_input_under_torchrun_is_one_line_from_local_rank_0(tmp_path: Path) 
 # Local rank 0 reaches the bad flag last: the quiet rank 1 exits first, and torchrun then
 # stops every worker that is still running.
 SLOW_RANK_0 = """import os, time
-from reference_impl.distributed import exit_process
+from reference_impl.distributed import exit_after
 from reference_impl.train import main
 if os.environ["LOCAL_RANK"] == "0":
     time.sleep(3)
-exit_process(main())
+exit_after(main)
 """
 
 
