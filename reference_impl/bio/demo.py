@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from reference_impl.bio.losses import masked_multitask_bce, pos_weight_from_labels
 from reference_impl.bio.metrics import AurocResult, per_task_auroc
 from reference_impl.bio.splits import SplitIndices, scaffold_split
+from reference_impl.distributed import exit_after
 
 NCI_SMILES = Path(RDConfig.RDDataDir) / "NCI" / "first_5K.smi"
 
@@ -230,4 +231,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_after(main)  # a torchrun worker: ends as the trainer does, also after a failed collective
