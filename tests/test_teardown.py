@@ -110,9 +110,9 @@ FAILED_RUN = textwrap.dedent("""
 def test_a_failed_run_ends_with_its_traceback_and_frees_nothing_it_held() -> None:
     """A failed rank's traceback holds its run, and its gloo group; the interpreter would free
     them after printing it, and a group whose collective has just failed can deadlock in
-    its destructor, leaving a failed rank that never exits (2 of 31 runs of the
-    blocked-collective test). The trainer prints the traceback and ends inside the handler:
-    nothing is freed and no exit handler runs."""
+    its destructor, leaving a failed rank that never exits (the runs that showed it are
+    counted on the process-topology page). The trainer prints the traceback and ends inside
+    the handler: nothing is freed and no exit handler runs."""
     done = python(FAILED_RUN)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "RuntimeError: Connection closed by peer" in done.stderr
