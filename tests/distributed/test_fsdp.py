@@ -7,6 +7,7 @@ the driver that counts the transformer blocks' forward calls inside the real tra
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import fsdp_sync_worker
 from checkpoints import published, verify
-from launch import Run, forked_ranks, python_module, torchrun, train_ok
+from launch import Run, forked_ranks, free_port, python_module, run_ranks, torchrun, train_ok
 from reference_impl.config import TrainConfig
 from reference_impl.data import ResumableDistributedSampler
 from reference_impl.export import export
@@ -252,3 +254,16 @@ if __name__ == "__main__":
 
     block_calls_on_each_rank()
     exit_process(0)  # see exit_process: an FSDP run's group must not be freed at shutdown
+
+
+def test_an_accumulating_micro_batch_reduce_scatters_nothing(tmp_path: Path) -> None:
+    """`gradient_sync` as `train_step` enters it, on a 2-rank FSDP2 model: after the first
+    micro-batch's backward no sharded parameter holds a gradient (FSDP2 kept the unsharded
+    one and sent nothing); after the last, every one holds the mean over the ranks of both
+    micro-batches' gradients. A sync that stayed on would pass the loss comparison above,
+    paying one reduce-scatter per micro-batch; one that never came on would not."""
+    run_ranks(fsdp_sync_worker.accumulate, (2, free_port(), str(tmp_path)), timeout=90)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert not any(seen["after_accumulating"]), f"rank {rank} reduce-scattered an accumulating micro-batch"
+        assert all(seen["after_last"]) and seen["max_error"] < 1e-5, seen
