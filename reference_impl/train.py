@@ -131,8 +131,9 @@ def train(cfg: TrainConfig, ctx: DistContext, log: EventLog, state: TrainState |
     guard = NonFiniteGuard(state.model, cfg, ctx, log) if cfg.precision != "fp16" else None
     stragglers, rolled_back = StragglerMonitor(cfg, ctx, log, timer), set[int]()
     state.model.train()
-    try:  # a failure is reported innermost, while Preemption still holds SIGTERM: a launcher
-        # stops the survivors of a failed rank with it, as this rank's own collective fails too
+    try:
+        # A failure is reported innermost, while Preemption still holds SIGTERM: a launcher
+        # stops a failed rank's survivors with it, just as their own collectives fail too.
         with (Watchdog(cfg.step_timeout_s, timer, log) as watchdog,
               Preemption(cfg.preempt_grace_s, ctx, log) as stop,
               failures_reported(log, timer, state)):
