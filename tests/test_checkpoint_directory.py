@@ -4,6 +4,7 @@ permissions that no umask widens, and odd files that are reasons, not hangs."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -17,7 +18,11 @@ import pytest
 
 from checkpoints import manager, published, verify
 from launch import REPO, Run, python_module, run_command
+from reference_impl.checkpoint.files import CheckpointError
 from reference_impl.checkpoint.lock import DirectoryLock
+from reference_impl.checkpoint.publish import Publication
+from reference_impl.metrics import EventLog
+from reference_impl.reliability.faults import FaultInjector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -256,3 +261,29 @@ def test_a_run_whose_lock_is_deleted_stops_with_one_line_and_never_shares_the_di
                 process.wait(30)
     lines = (tmp_path / "holder.err").read_text().strip().splitlines()
     assert len(lines) == 1 and "lost its lock" in lines[0], lines[-5:]
+
+
+@pytest.mark.parametrize("vanished", ["its_own_manifest", "a_file_it_did_not_write"])
+def test_a_file_of_its_own_save_that_vanishes_is_reported_as_the_directory_lost(vanished: str, tmp_path: Path) -> None:
+    """`rm -rf` of the directory reaches a step's files before `.lock`: the save that finds its
+    own manifest gone says the run lost its directory, as the lock check would a moment later
+    (before, the line named the missing file, 1 run in many of the test above). A missing file
+    that is not the save's own is reported as it is."""
+    tmp, final = tmp_path / ".tmp-step-00000001", tmp_path / "step-00000001"
+    tmp.mkdir()
+    elsewhere = tmp_path / "elsewhere.json"
+
+    def retain(published: Path) -> None:  # retention reading a manifest that went meanwhile
+        gone = published / "manifest.json" if vanished == "its_own_manifest" else elsewhere
+        gone.unlink(missing_ok=True)
+        gone.stat()
+
+    publication = Publication(tmp, final, {"step": 1}, retain, EventLog(0, io.StringIO()), FaultInjector.disabled(),
+                              time.perf_counter(), lambda: None)
+    with pytest.raises(CheckpointError) as failed:
+        publication({})
+    if vanished == "its_own_manifest":
+        said = f"checkpoint_dir {tmp_path} lost its lock: manifest.json, written by this save, vanished"
+        assert said in str(failed.value), failed.value
+    else:
+        assert "lost its lock" not in str(failed.value) and "elsewhere.json" in str(failed.value)

@@ -223,6 +223,12 @@ def remove_unless_pinned(path: Path) -> bool:
     return True
 
 
+def lock_lost(directory: Path, evidence: str) -> CheckpointError:
+    """The error that stops a run which no longer owns `directory`, with what showed it."""
+    return CheckpointError(f"checkpoint_dir {directory} lost its lock: {evidence} (the directory removed or "
+                           "moved?); stopping so that no two runs write it")
+
+
 def same_file(path: Path, fd: int) -> bool:
     """Whether `path` still names the file that `fd` holds open."""
     try:

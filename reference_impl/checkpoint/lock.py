@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
-from reference_impl.checkpoint.files import FILE_MODE, CheckpointError, make_dir, same_file
+from reference_impl.checkpoint.files import FILE_MODE, lock_lost, make_dir, same_file
 from reference_impl.config import ConfigError
 
 LOCK_FILE = ".lock"
@@ -44,9 +44,7 @@ class DirectoryLock:
         So the holder compares the name's inode with its descriptor's before it writes.
         """
         if self._fd is not None and not same_file(self.path, self._fd):
-            raise CheckpointError(f"checkpoint_dir {self.path.parent} lost its lock: {LOCK_FILE} was deleted or "
-                                  "replaced while this run held it (the directory removed or moved?); stopping "
-                                  "so that no two runs write it")
+            raise lock_lost(self.path.parent, f"{LOCK_FILE} was deleted or replaced while this run held it")
 
     def __enter__(self) -> DirectoryLock:
         """Take the lock, or raise `ConfigError` naming the holder's host and pid."""

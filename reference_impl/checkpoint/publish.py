@@ -42,6 +42,7 @@ from reference_impl.checkpoint.files import (
     PRIVATE_DIR_MODE,
     CheckpointError,
     fsync_dir,
+    lock_lost,
     read_bounded,
     remove,
     seal,
@@ -339,11 +340,20 @@ class Publication:
 
     def cause(self, error: BaseException) -> BaseException:
         """`error`, or the lost lock behind it: under a run whose directory was deleted, files
-        vanish mid-save, and which one vanished first says less than why."""
+        vanish mid-save, and which one vanished first says less than why. An `rm -rf` still
+        under way may not have reached `.lock` yet; a file this save wrote that vanished is
+        the same evidence."""
         try:
             self.ready()
         except CheckpointError as lost:
             return lost
+        seen: BaseException | None = error
+        for _ in range(8):  # the error and what it was raised from
+            if isinstance(seen, FileNotFoundError) and seen.filename is not None:
+                gone = Path(os.fsdecode(seen.filename))
+                if any(gone.is_relative_to(mine) for mine in (self.tmp, self.final)):
+                    return lock_lost(self.final.parent, f"{gone.name}, written by this save, vanished")
+            seen = seen and (seen.__cause__ or seen.__context__)
         return error
 
     def _commit(self, written: dict[str, Any]) -> dict[str, Any]:
