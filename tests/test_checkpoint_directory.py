@@ -4,6 +4,7 @@ permissions that no umask widens, and odd files that are reasons, not hangs."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -21,6 +22,7 @@ from launch import REPO, Run, python_module, run_command
 from reference_impl.checkpoint.files import CheckpointError
 from reference_impl.checkpoint.lock import DirectoryLock
 from reference_impl.checkpoint.publish import Publication
+from reference_impl.distributed import DistContext
 from reference_impl.metrics import EventLog
 from reference_impl.reliability.faults import FaultInjector
 
@@ -287,3 +289,30 @@ def test_a_file_of_its_own_save_that_vanishes_is_reported_as_the_directory_lost(
         assert said in str(failed.value), failed.value
     else:
         assert "lost its lock" not in str(failed.value) and "elsewhere.json" in str(failed.value)
+
+
+@pytest.mark.parametrize("error", [errno.ENOENT, errno.ENOSPC])
+def test_a_progress_note_that_vanishes_mid_write_is_the_directory_lost(
+        error: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same race on the progress note: its temporary file gone before the rename (an
+    `rm -rf` under way) marks the lock lost, and the next save stops every rank, instead of
+    rank 0 alone dying on the missing file. A full disk is still a failure of its own."""
+    import reference_impl.checkpoint.manager as manager_module
+
+    def write_private(path: Path, data: bytes, durable: bool = True) -> None:
+        raise OSError(error, os.strerror(error), str(path))
+
+    monkeypatch.setattr(manager_module, "write_private", write_private)
+    events = io.StringIO()
+    owner = manager_module.CheckpointManager(tmp_path, EventLog(0, events))
+    if error == errno.ENOSPC:
+        with pytest.raises(CheckpointError, match="recording progress .step 3. .* No space left"):
+            owner.record_progress(3, DistContext())
+        return
+    owner.record_progress(3, DistContext())
+    lost = [json.loads(line) for line in events.getvalue().splitlines() if "checkpoint_lock_lost" in line]
+    assert len(lost) == 1 and lost[0]["step"] == 3, events.getvalue()
+    reason = lost[0]["reason"]
+    assert "lost its lock: .progress.json." in reason and "written by this run, vanished" in reason, reason
+    owner.record_progress(4, DistContext())
+    assert events.getvalue().count("checkpoint_lock_lost") == 1, "nothing more is written once the lock is lost"

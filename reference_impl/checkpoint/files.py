@@ -229,6 +229,19 @@ def lock_lost(directory: Path, evidence: str) -> CheckpointError:
                            "moved?); stopping so that no two runs write it")
 
 
+def vanished(error: BaseException, *under: Path) -> Path | None:
+    """The path under one of `under` whose absence raised `error` (or an error it was raised
+    from): a file the run was writing there, removed meanwhile by someone else."""
+    seen: BaseException | None = error
+    for _ in range(8):  # the error and what it was raised from
+        if isinstance(seen, FileNotFoundError) and seen.filename is not None:
+            gone = Path(os.fsdecode(seen.filename))
+            if any(gone.is_relative_to(directory) for directory in under):
+                return gone
+        seen = seen and (seen.__cause__ or seen.__context__)
+    return None
+
+
 def same_file(path: Path, fd: int) -> bool:
     """Whether `path` still names the file that `fd` holds open."""
     try:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from reference_impl.checkpoint.files import (
     CheckpointError,
     load_weights_only,
+    lock_lost,
     make_dir,
     member,
     pinned,
@@ -36,6 +37,7 @@ from reference_impl.checkpoint.files import (
     remove_unless_pinned,
     step_name,
     step_of,
+    vanished,
     write_private,
 )
 from reference_impl.checkpoint.fit import check_rng, same_structure
@@ -273,18 +275,27 @@ class CheckpointManager:
             return
         try:
             self.ready_to_write()
-        except CheckpointError as exc:  # the next save stops every rank at once; write nothing till then
-            self._lost = str(exc)
-            self.log.emit("checkpoint_lock_lost", step=step, reason=self._lost)
-            return
+        except CheckpointError as exc:
+            return self._note_lost(step, exc)
         tmp = self.root / f".{PROGRESS}.{os.getpid()}.tmp"
         try:
             write_private(tmp, json.dumps({"step": step}).encode(), durable=False)  # a hint: no fsync
             os.replace(tmp, self.root / PROGRESS)
         except OSError as exc:
             remove(tmp)
+            try:  # an `rm -rf` of the directory under the run, caught mid-way
+                self.ready_to_write()
+            except CheckpointError as lost:
+                return self._note_lost(step, lost)
+            if gone := vanished(exc, self.root):
+                return self._note_lost(step, lock_lost(self.root, f"{gone.name}, written by this run, vanished"))
             raise CheckpointError(f"recording progress (step {step}) in {self.root} failed: {exc}; "
                                   "published checkpoints are untouched") from exc
+
+    def _note_lost(self, step: int, lost: CheckpointError) -> None:
+        """The lock is lost: write nothing more, and let the next save stop every rank at once."""
+        self._lost = str(lost)
+        self.log.emit("checkpoint_lock_lost", step=step, reason=self._lost)
 
     def steps_replayed(self, restored: int) -> int:
         """Steps between the restored one and the furthest one recorded: work a restart redoes."""

@@ -46,6 +46,7 @@ from reference_impl.checkpoint.files import (
     read_bounded,
     remove,
     seal,
+    vanished,
     write_private,
 )
 from reference_impl.checkpoint.manifest import MANIFEST
@@ -347,14 +348,8 @@ class Publication:
             self.ready()
         except CheckpointError as lost:
             return lost
-        seen: BaseException | None = error
-        for _ in range(8):  # the error and what it was raised from
-            if isinstance(seen, FileNotFoundError) and seen.filename is not None:
-                gone = Path(os.fsdecode(seen.filename))
-                if any(gone.is_relative_to(mine) for mine in (self.tmp, self.final)):
-                    return lock_lost(self.final.parent, f"{gone.name}, written by this save, vanished")
-            seen = seen and (seen.__cause__ or seen.__context__)
-        return error
+        gone = vanished(error, self.tmp, self.final)
+        return lock_lost(self.final.parent, f"{gone.name}, written by this save, vanished") if gone else error
 
     def _commit(self, written: dict[str, Any]) -> dict[str, Any]:
         """Write the manifest and rename into place; return every file it lists."""
