@@ -8,7 +8,8 @@
   2.5 s with one, measured side by side on the loaded CI-sized machine). This must run
   before anything imports torch.
 - Under xdist, the order in which the workers receive the test files (see
-  `pytest_collection_modifyitems`).
+  `pytest_collection_modifyitems`), and a scheduler under which a run whose worker died
+  still ends (`pytest_xdist_make_scheduler`).
 """
 
 import os
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from scheduling import pytest_xdist_make_scheduler  # noqa: F401 - a hook: pytest finds it here
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
