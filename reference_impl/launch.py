@@ -130,11 +130,21 @@ def descendants(root: int) -> list[int]:
             except OSError:
                 continue
             parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [root]
+    return descendants_in(parents, root)
+
+
+def descendants_in(parents: dict[int, int], root: int) -> list[int]:
+    """The descendants of `root` in a snapshot of pid -> parent pid, nearest first.
+
+    The snapshot is read one process at a time: a pid that ended and was reused meanwhile
+    can make a loop in it, which ends here instead of going round forever.
+    """
+    found, frontier, seen = [], {root}, {root}
     while frontier:
-        children = [pid for pid, ppid in parents.items() if ppid in frontier]
+        children = [pid for pid, ppid in parents.items() if ppid in frontier and pid not in seen]
         found += children
-        frontier = children
+        seen.update(children)
+        frontier = set(children)
     return found
 
 
