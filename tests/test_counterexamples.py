@@ -7,7 +7,6 @@ different hash seeds, a kernel-enforced file size limit), then the fix.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pickle
