@@ -517,7 +517,7 @@ def train(cfg: Config) -> dict:
                     save_checkpoint(step, parts, cfg, ranks)
         result: dict = {"event": "run_complete", "step": step, "state_digest": state_digest(model, optimizer)}
         log(**result)
-        barrier(ranks)  # meet before teardown: gloo's threads finish releasing tensors first
+        barrier(ranks)  # no rank tears down its group while another still trains
         return result
     finally:
         if dist.is_initialized():
@@ -537,13 +537,15 @@ def run(argv: list[str] | None = None) -> dict:
     except ValueError as exc:  # one line on stderr and exit status 2, not a traceback
         print(f"interview trainer: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    result = train(cfg)
-    gc.collect()  # DDP's reference cycles keep the gloo group alive; freed during shutdown, it can abort
-    return result
+    return train(cfg)
 
 
 if __name__ == "__main__":  # true for a script and in a notebook; false on import
     result = run()
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # a torchrun rank: end here and free nothing.
+        sys.stdout.flush()  # Freed now, DDP's gloo group waits for its threads, which may still hold
+        os._exit(0)  # the last collective's tensors and wait for the GIL this thread holds: a hang
+    gc.collect()  # one process: DDP's reference cycles keep the group alive; freed at exit, it can abort
 # --8<-- [end:run]
 
 
