@@ -36,9 +36,9 @@ class LoadFileThatSurvivesACrash(LoadFileScheduling):
             return None  # an orderly shutdown
         scope, crashed = unfinished[0]  # a worker runs its tests in order: the first not done
         workload[scope][crashed] = True
-        for scope, unit in workload.items():
+        for name, unit in workload.items():
             if not all(unit.values()):
-                self.workqueue[scope] = unit
+                self.workqueue[name] = unit
         for other in self.assigned_work:
             self._reschedule(other)
         return crashed
