@@ -527,7 +527,6 @@ def train(cfg: Config) -> dict:
 
 # --8<-- [start:run]
 # Cell 10: run it. As a script the flags apply; in a notebook the Config defaults do.
-import gc
 import sys
 
 
@@ -545,7 +544,6 @@ if __name__ == "__main__":  # true for a script and in a notebook; false on impo
     if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # a torchrun rank: end here and free nothing.
         sys.stdout.flush()  # Freed now, DDP's gloo group waits for its threads, which may still hold
         os._exit(0)  # the last collective's tensors and wait for the GIL this thread holds: a hang
-    gc.collect()  # one process: DDP's reference cycles keep the group alive; freed at exit, it can abort
 # --8<-- [end:run]
 
 
